@@ -1,0 +1,49 @@
+# Two commands on a fresh clone:
+#   make lab    set up .venv and open the course in JupyterLab
+#   make test   set up .venv and run every test (unit, launcher, notebooks)
+# Everything else is a step of those two, or a helper.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888" on a compute node
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup lab test kernel lock bench clean help
+
+help:
+	@echo "make lab     set up the environment and open the course in JupyterLab"
+	@echo "make test    set up the environment and run the whole test suite"
+	@echo "make kernel  register .venv as a Jupyter kernel for a portal's JupyterLab"
+	@echo "make bench   run the single-device speed-up ladder (scripts/benchmark_single.py)"
+	@echo "make lock    regenerate constraints.txt from the installed environment"
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 10) else "Python >= 3.10 is needed (3.11 is what the pins were tested on); set PYTHON=/path/to/python3.11")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[lab,test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/00_environment.ipynb $(LAB_ARGS)
+
+test: setup
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider -rs $(PYTEST_ARGS)
+
+kernel: setup
+	$(PY) -m ipykernel install --user --name distdl-course --display-name "Distributed DL course (.venv)"
+
+bench: setup
+	$(PY) scripts/benchmark_single.py $(BENCH_ARGS)
+
+lock:
+	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt
+	@echo "constraints.txt regenerated from $(VENV); review the diff before committing"
+
+clean:
+	rm -rf $(VENV) runs notebooks/runs .pytest_cache

@@ -1,0 +1,401 @@
+"""Datasets and DataLoaders for the course.
+
+Three sources, one interface (:func:`get_datasets`):
+
+* ``synthetic`` (the offline default): ten classes of shapes and textures
+  drawn procedurally with random position, size, colour and noise. It needs
+  no download, is the same on every machine for a given seed, and a CNN can
+  learn it (it is not noise), so a notebook on an offline compute node still
+  teaches something.
+* ``cifar10`` and ``mnist``: the real data sets through torchvision. Compute
+  nodes are often offline, so fetch them once on a login node::
+
+      python -m course_utils.data download cifar10 --root $STORE/data
+
+  and point ``--data-root`` or ``$COURSE_DATA`` at that folder.
+* ``mnist-idx``: the MNIST test set as raw idx files in a folder (for example
+  ``../shared/data/mnist-t10k``), read without torchvision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from . import dist as cdist
+
+DATASETS = ("synthetic", "cifar10", "mnist", "mnist-idx")
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class DatasetMissingError(RuntimeError):
+    """A real data set is not on disk; the message says how to fetch it."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    num_classes: int
+    channels: int
+    size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+INFO = {
+    "synthetic": DatasetInfo("synthetic", 10, 3, 32, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+    "cifar10": DatasetInfo(
+        "cifar10", 10, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    ),
+    "mnist": DatasetInfo("mnist", 10, 1, 28, (0.1307,), (0.3081,)),
+    "mnist-idx": DatasetInfo("mnist-idx", 10, 1, 28, (0.1307,), (0.3081,)),
+}
+
+
+def default_data_root() -> Path:
+    """``$COURSE_DATA`` if set (on a cluster: a folder in ``$STORE`` or
+    ``$WORK``), else the repository's ``data/`` folder."""
+    return Path(os.environ.get("COURSE_DATA", _REPO_ROOT / "data")).expanduser()
+
+
+# --------------------------------------------------------------------------- #
+# Offline synthetic data
+# --------------------------------------------------------------------------- #
+CLASS_NAMES = (
+    "disc", "ring", "square", "frame", "h-stripes",
+    "v-stripes", "diagonal", "checker", "cross", "triangle",
+)
+
+
+def make_synthetic(
+    n: int, seed: int = 0, channels: int = 3, size: int = 32, noise: float = 0.12
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw ``n`` labelled images: ``uint8 [n, channels, size, size]`` and labels.
+
+    Deterministic for a given ``(n, seed, channels, size)``. Class ``k`` is the
+    shape ``CLASS_NAMES[k]``; position, scale, stripe frequency, colours and
+    pixel noise are random per image, so memorising pixels does not work.
+    """
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n) % 10
+    labels = labels[torch.randperm(n, generator=g)]
+    images = torch.empty(n, channels, size, size, dtype=torch.uint8)
+    lin = torch.linspace(-1.0, 1.0, size)
+    yy, xx = torch.meshgrid(lin, lin, indexing="ij")
+    for start in range(0, n, 2048):
+        lab = labels[start : start + 2048]
+        m = lab.numel()
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.rand(*shape, generator=g)
+
+        cx, cy = (rand(m) - 0.5) * 0.6, (rand(m) - 0.5) * 0.6
+        s = 0.55 + 0.4 * rand(m)
+        freq = 6.0 + 8.0 * rand(m)
+        phase = rand(m) * 6.283
+        x = xx[None] - cx[:, None, None]
+        y = yy[None] - cy[:, None, None]
+        s_, f_, p_ = s[:, None, None], freq[:, None, None], phase[:, None, None]
+        r = torch.sqrt(x * x + y * y)
+        box = torch.maximum(x.abs(), y.abs())
+        masks = torch.stack(
+            [
+                r < 0.5 * s_,
+                (r - 0.45 * s_).abs() < 0.1,
+                box < 0.45 * s_,
+                (box - 0.4 * s_).abs() < 0.09,
+                torch.sin(f_ * yy[None] + p_) > 0,
+                torch.sin(f_ * xx[None] + p_) > 0,
+                torch.sin(f_ * 0.7 * (xx[None] + yy[None]) + p_) > 0,
+                (torch.sin(0.6 * f_ * xx[None] + p_) * torch.sin(0.6 * f_ * yy[None])) > 0,
+                ((x.abs() < 0.12) | (y.abs() < 0.12)) & (box < 0.5 * s_),
+                (y > -0.4 * s_) & (y < 0.45 * s_) & (x.abs() < (0.45 * s_ - y) * 0.55),
+            ],
+            dim=1,
+        )  # [m, 10, H, W]
+        mask = masks[torch.arange(m), lab].float()[:, None]  # [m, 1, H, W]
+        fg = rand(m, channels, 1, 1)
+        bg = rand(m, channels, 1, 1)
+        # keep the shape visible: push the two colours at least 0.35 apart
+        gap = (fg - bg).mean(dim=1, keepdim=True)
+        bg = torch.where(gap.abs() < 0.35, (fg - 0.5 * torch.sign(gap + 1e-6)).clamp(0, 1), bg)
+        img = mask * fg + (1 - mask) * bg
+        img = img + noise * torch.randn(img.shape, generator=g)
+        images[start : start + m] = (img.clamp(0, 1) * 255).round().to(torch.uint8)
+    return images, labels
+
+
+class TensorImageDataset(Dataset):
+    """In-memory ``uint8`` images with the usual per-sample CPU work.
+
+    ``__getitem__`` converts to float, optionally random-crops (pad 4) and
+    flips, and normalises: the work DataLoader workers exist to hide.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        augment: bool = False,
+        flip: bool = True,
+    ) -> None:
+        if images.dtype != torch.uint8 or images.dim() != 4:
+            raise ValueError("images must be uint8 [N, C, H, W]")
+        self.images, self.labels = images, labels.long()
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+        self.augment, self.flip = augment, flip
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        img = self.images[idx].float().div_(255)
+        if self.augment:
+            h, w = img.shape[-2:]
+            padded = torch.nn.functional.pad(img, (4, 4, 4, 4), mode="reflect")
+            top, left = torch.randint(0, 9, (2,)).tolist()
+            img = padded[:, top : top + h, left : left + w]
+            if self.flip and torch.rand(()) < 0.5:
+                img = img.flip(-1)
+        img = (img - self.mean) / self.std
+        return img, self.labels[idx]
+
+
+# --------------------------------------------------------------------------- #
+# MNIST idx files (no torchvision needed)
+# --------------------------------------------------------------------------- #
+def read_idx(path: str | Path) -> np.ndarray:
+    """Read an idx file (optionally gzipped), the format MNIST ships in."""
+    path = Path(path)
+    opener: Callable = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
+    if zero != 0 or dtype_code != 0x08:
+        raise ValueError(f"{path} is not an unsigned-byte idx file")
+    shape = struct.unpack(">" + "I" * ndim, raw[4 : 4 + 4 * ndim])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{path} is truncated: {data.size} bytes for shape {shape}")
+    return data.reshape(shape)
+
+
+def verify_md5sums(folder: str | Path) -> None:
+    """Check every file listed in ``folder/MD5SUMS``; raise on a mismatch."""
+    folder = Path(folder)
+    sums = folder / "MD5SUMS"
+    if not sums.exists():
+        return
+    for line in sums.read_text().splitlines():
+        if not line.strip():
+            continue
+        expected, name = line.split()
+        digest = hashlib.md5((folder / name).read_bytes()).hexdigest()
+        if digest != expected:
+            raise ValueError(f"{folder / name}: MD5 {digest} != {expected}; re-copy the file")
+
+
+def load_mnist_idx(folder: str | Path, prefix: str = "t10k") -> tuple[torch.Tensor, torch.Tensor]:
+    """MNIST images ``uint8 [N, 1, 28, 28]`` and labels from idx files in ``folder``."""
+    folder = Path(folder)
+    img_path = folder / f"{prefix}-images-idx3-ubyte.gz"
+    lab_path = folder / f"{prefix}-labels-idx1-ubyte.gz"
+    for p in (img_path, lab_path):
+        if not p.exists():
+            raise DatasetMissingError(f"{p} not found: copy the MNIST idx files into {folder}")
+    verify_md5sums(folder)
+    images = torch.from_numpy(read_idx(img_path).copy()).unsqueeze(1)
+    labels = torch.from_numpy(read_idx(lab_path).astype(np.int64))
+    return images, labels
+
+
+# --------------------------------------------------------------------------- #
+# torchvision data sets (downloaded on a login node)
+# --------------------------------------------------------------------------- #
+def _torchvision_cls(name: str):
+    from torchvision import datasets  # imported late: only the real data sets need it
+
+    return {"cifar10": datasets.CIFAR10, "mnist": datasets.MNIST}[name]
+
+
+def download(name: str, root: str | Path) -> Path:
+    """Fetch ``cifar10`` or ``mnist`` (train and test) into ``root``. Run this
+    where there is internet: a login node, not a compute node."""
+    if name not in ("cifar10", "mnist"):
+        raise ValueError(f"only cifar10 and mnist are downloaded; {name!r} needs no download")
+    root = Path(root).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    cls = _torchvision_cls(name)
+    for train in (True, False):
+        cls(str(root), train=train, download=True)
+    return root
+
+
+def _missing_message(name: str, root: Path) -> str:
+    return (
+        f"The {name} data set is not in {root}, and this node cannot download it "
+        f"(compute nodes are usually offline). On a login node, run once:\n\n"
+        f"    python -m course_utils.data download {name} --root {root}\n\n"
+        f"then rerun here (set $COURSE_DATA or --data-root to that folder if it moved). "
+        f"Or use --dataset synthetic, which needs no download."
+    )
+
+
+def _torchvision_split(name: str, root: Path, train: bool, augment: bool) -> Dataset:
+    from torchvision import transforms as T
+
+    info = INFO[name]
+    steps: list = []
+    if augment and name == "cifar10":
+        steps += [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]
+    steps += [T.ToTensor(), T.Normalize(info.mean, info.std)]
+    try:
+        return _torchvision_cls(name)(
+            str(root), train=train, download=False, transform=T.Compose(steps)
+        )
+    except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
+        raise DatasetMissingError(_missing_message(name, root)) from exc
+
+
+# --------------------------------------------------------------------------- #
+# One entry point for every notebook and script
+# --------------------------------------------------------------------------- #
+def get_datasets(
+    name: str = "synthetic",
+    root: str | Path | None = None,
+    n_train: int | None = None,
+    n_val: int | None = None,
+    augment: bool = True,
+    seed: int = 0,
+) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """Train and validation sets plus their :class:`DatasetInfo`.
+
+    ``n_train``/``n_val`` cut the sets down (the CI profile uses this);
+    for ``synthetic`` they are how many images to draw (default 20k/4k).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    info = INFO[name]
+    if name == "synthetic":
+        n_tr, n_va = n_train or 20_000, n_val or 4_000
+        # disjoint seeds: validation images are never training images
+        xtr, ytr = make_synthetic(n_tr, seed=seed * 2 + 1)
+        xva, yva = make_synthetic(n_va, seed=seed * 2 + 2)
+        train = TensorImageDataset(xtr, ytr, info.mean, info.std, augment=augment)
+        val = TensorImageDataset(xva, yva, info.mean, info.std)
+        return train, val, info
+    root = Path(root).expanduser() if root else default_data_root()
+    if name == "mnist-idx":
+        images, labels = load_mnist_idx(root)
+        g = torch.Generator().manual_seed(seed)
+        perm = torch.randperm(len(labels), generator=g)
+        n_va = n_val or len(labels) // 5
+        n_tr = n_train or len(labels) - n_va
+        tr, va = perm[:n_tr], perm[len(labels) - n_va :]
+        train = TensorImageDataset(images[tr], labels[tr], info.mean, info.std, augment=False)
+        val = TensorImageDataset(images[va], labels[va], info.mean, info.std)
+        return train, val, info
+    train_ds = _torchvision_split(name, root, True, augment)
+    val_ds = _torchvision_split(name, root, False, False)
+    if n_train:
+        train_ds = Subset(train_ds, range(min(n_train, len(train_ds))))
+    if n_val:
+        val_ds = Subset(val_ds, range(min(n_val, len(val_ds))))
+    return train_ds, val_ds, info
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    shuffle: bool = True,
+    workers: int = 0,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    drop_last: bool = False,
+    seed: int = 0,
+) -> DataLoader:
+    """A DataLoader that is right under any launcher.
+
+    With a process group of several ranks it uses a ``DistributedSampler``
+    (each rank sees a disjoint 1/world-size slice; call :func:`set_epoch`
+    every epoch so the shuffle changes). ``batch_size`` is per rank.
+    """
+    sampler = None
+    if cdist.get_world_size() > 1:
+        sampler = DistributedSampler(
+            dataset, shuffle=shuffle, seed=seed, drop_last=drop_last
+        )
+    kwargs: dict = {}
+    if workers > 0:
+        kwargs["persistent_workers"] = persistent_workers
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle if sampler is None else False,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Reshuffle a distributed loader for ``epoch`` (no-op otherwise)."""
+    if isinstance(loader.sampler, DistributedSampler):
+        loader.sampler.set_epoch(epoch)
+
+
+# --------------------------------------------------------------------------- #
+# Command line: python -m course_utils.data download cifar10 --root DIR
+# --------------------------------------------------------------------------- #
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.data",
+        description="Fetch the course's data sets (on a login node) or check they are in place.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for cmd, help_ in (("download", "download a data set"), ("check", "check it is on disk")):
+        p = sub.add_parser(cmd, help=help_)
+        p.add_argument("name", choices=("cifar10", "mnist"))
+        p.add_argument("--root", type=Path, default=default_data_root(),
+                       help="target folder (default: $COURSE_DATA or the repo's data/)")
+    args = parser.parse_args(argv)
+    if args.command == "download":
+        try:
+            root = download(args.name, args.root)
+        except Exception as exc:  # offline node, proxy, full quota: say it in one line
+            print(f"download of {args.name} into {args.root} failed: {exc}\n"
+                  "Run this on a login node with internet access.", file=sys.stderr)
+            return 1
+        print(f"{args.name} is ready in {root}")
+        return 0
+    try:
+        train, val, _ = get_datasets(args.name, args.root, augment=False)
+    except DatasetMissingError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{args.name} in {args.root}: {len(train)} train / {len(val)} test images")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""What this node has: CPU, memory, GPUs and what they can do, library versions,
+``torch.backends`` switches and the distributed backends that are built in."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return float("nan")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (Slurm's cgroup, taskset), not the node's total."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def gpu_report() -> list[dict[str, Any]]:
+    """One entry per visible GPU: name, memory, compute capability, bf16/TF32."""
+    gpus = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        major, minor = p.major, p.minor
+        gpus.append(
+            {
+                "index": i,
+                "name": p.name,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "compute_capability": f"{major}.{minor}",
+                "multiprocessors": p.multi_processor_count,
+                # tensor cores: fp16 from Volta (7.0); TF32 and bf16 from Ampere (8.0)
+                "tf32": major >= 8,
+                "bf16": major >= 8,
+                "fp16_tensor_cores": major >= 7,
+            }
+        )
+    return gpus
+
+
+def environment_report() -> dict[str, Any]:
+    """Everything notebook 00 shows, as a dictionary (also handy in job logs)."""
+    cuda = torch.cuda.is_available()
+    report: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": _cpu_model(),
+        "cores_total": os.cpu_count(),
+        "cores_usable": usable_cores(),
+        "memory_gib": round(_memory_gib(), 1),
+        "torch": torch.__version__,
+        "cuda_available": cuda,
+        "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "nccl": None,
+        "gpus": gpu_report() if cuda else [],
+        "backends": {
+            "gloo": dist.is_available() and dist.is_gloo_available(),
+            "nccl": dist.is_available() and dist.is_nccl_available(),
+            "mpi": dist.is_available() and dist.is_mpi_available(),
+        },
+        "flags": {
+            "cudnn.enabled": torch.backends.cudnn.enabled,
+            "cudnn.benchmark": torch.backends.cudnn.benchmark,
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "mkldnn": torch.backends.mkldnn.is_available(),
+            "openmp": torch.backends.openmp.is_available(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+    }
+    try:
+        import torchvision
+
+        report["torchvision"] = torchvision.__version__
+    except Exception as exc:  # a broken torchvision should not hide the rest of the report
+        report["torchvision"] = f"unavailable ({type(exc).__name__}: {exc})"
+    if cuda and report["backends"]["nccl"]:
+        try:
+            version = torch.cuda.nccl.version()
+            report["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        except Exception:
+            pass
+    return report
+
+
+def print_report(report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Print :func:`environment_report` as a readable block; return it."""
+    r = report or environment_report()
+    print(f"host            {r['host']}  ({r['platform']})")
+    print(f"cpu             {r['cpu']}")
+    print(f"cores           {r['cores_usable']} usable of {r['cores_total']}")
+    print(f"memory          {r['memory_gib']} GiB")
+    print(f"python / torch  {r['python']} / {r['torch']}   torchvision {r['torchvision']}")
+    print(f"cuda / cudnn    {r['cuda_runtime']} / {r['cudnn']}   nccl {r['nccl']}")
+    if r["gpus"]:
+        for g in r["gpus"]:
+            print(
+                f"gpu {g['index']}           {g['name']}, {g['memory_gib']} GiB, "
+                f"cc {g['compute_capability']}, {g['multiprocessors']} SMs, "
+                f"bf16={'yes' if g['bf16'] else 'no'} tf32={'yes' if g['tf32'] else 'no'}"
+            )
+    else:
+        print("gpu             none visible: the course runs on the CPU with the gloo backend")
+    built = [name for name, ok in r["backends"].items() if ok]
+    print(f"dist backends   {', '.join(built) or 'none'}")
+    for key, value in r["flags"].items():
+        print(f"  {key:26s}{value}")
+    if r["slurm_job"]:
+        print(f"slurm job       {r['slurm_job']}")
+    return r

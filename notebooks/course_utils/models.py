@@ -1,0 +1,95 @@
+"""The course's two models: a small CNN (seconds per epoch on a laptop CPU)
+and a CIFAR-style ResNet-18 (the usual GPU benchmark: 11 M parameters,
+3x3 stem and no max-pool, so 32x32 inputs keep their resolution)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+MODELS = ("cnn", "resnet18")
+
+
+class SmallCNN(nn.Module):
+    """Two conv blocks and a linear head; works for 1x28x28 and 3x32x32.
+
+    No dropout: the course compares runs parameter by parameter, and dropout
+    would make two equivalent runs differ for reasons that are not the lesson.
+    """
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 32) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2 * width, 2 * width, 3, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(1),
+        )
+        self.head = nn.Linear(2 * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+class BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride, bias=False), nn.BatchNorm2d(planes)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 for 32x32 images (He et al. 2016, CIFAR variant)."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True)
+        )
+        layers, in_planes = [], 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(in_planes, planes, stride), BasicBlock(planes, planes, 1)]
+            in_planes = planes
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.layers(self.stem(x))
+        out = F.adaptive_avg_pool2d(out, 1)
+        return self.head(torch.flatten(out, 1))
+
+
+def build_model(name: str, in_channels: int = 3, num_classes: int = 10) -> nn.Module:
+    """``cnn`` or ``resnet18``."""
+    if name == "cnn":
+        return SmallCNN(in_channels, num_classes)
+    if name == "resnet18":
+        return ResNet18(in_channels, num_classes)
+    raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,113 @@
+"""The storage lesson: one large file versus many small files.
+
+Parallel file systems (Lustre on FT3 and Frontera) stream big files fast but
+pay a metadata round trip for every file created; home directories are often
+NFS with small quotas. Writing the same bytes as one file and as thousands of
+small ones, with and without ``fsync``, shows the difference on each folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Where code, environments and data belong on each cluster.
+STORAGE_VARS = {
+    "HOME": "home: small quota, backed up; code and dotfiles (both clusters)",
+    "STORE": "FT3 permanent project storage: conda envs, data sets",
+    "LUSTRE": "FT3 Lustre: large files, fast parallel I/O",
+    "LUSTRE_SCRATCH": "FT3 Lustre scratch: job I/O, purged",
+    "WORK": "Frontera $WORK: envs, code, data sets (not purged)",
+    "SCRATCH": "Frontera $SCRATCH: job I/O, purged after 10 days",
+    "TMPDIR": "node-local temporary folder: fastest for small files, gone after the job",
+}
+
+
+@dataclass
+class WriteResult:
+    target: str
+    path: str
+    pattern: str  # "1 x 64 MiB" or "4096 x 16 KiB"
+    fsync: bool
+    seconds: float
+    mib_per_s: float
+    files_per_s: float
+
+
+def storage_targets(include_cwd: bool = True) -> dict[str, Path]:
+    """Folders to measure: every storage variable that is set and exists, plus
+    the working directory (the only one on a laptop or CI)."""
+    targets: dict[str, Path] = {}
+    for var in STORAGE_VARS:
+        value = os.environ.get(var)
+        if value and Path(value).is_dir() and os.access(value, os.W_OK):
+            targets[f"${var}"] = Path(value)
+    if include_cwd:
+        targets["cwd"] = Path.cwd()
+    return targets
+
+
+def _write_files(folder: Path, n_files: int, file_bytes: int, fsync: bool) -> float:
+    block = os.urandom(min(file_bytes, 1 << 20))
+    start = time.perf_counter()
+    for i in range(n_files):
+        with open(folder / f"f{i:06d}.bin", "wb") as fh:
+            left = file_bytes
+            while left > 0:
+                chunk = block[: min(left, len(block))]
+                fh.write(chunk)
+                left -= len(chunk)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+    return time.perf_counter() - start
+
+
+def measure_writes(
+    name: str,
+    folder: str | Path,
+    total_mib: int = 64,
+    small_kib: int = 16,
+    fsync_options: tuple[bool, ...] = (False, True),
+) -> list[WriteResult]:
+    """Write ``total_mib`` as one file and as ``total_mib*1024/small_kib`` files.
+
+    Everything is written to a temporary sub-folder that is removed afterwards.
+    Without ``fsync`` you mostly measure the page cache (memory); with it,
+    the device or file system behind the folder.
+    """
+    folder = Path(folder)
+    total = total_mib * 2**20
+    n_small = max(1, total // (small_kib * 1024))
+    results = []
+    for fsync in fsync_options:
+        for n_files, size, label in (
+            (1, total, f"1 x {total_mib} MiB"),
+            (n_small, small_kib * 1024, f"{n_small} x {small_kib} KiB"),
+        ):
+            work = Path(tempfile.mkdtemp(prefix=".course-io-", dir=folder))
+            try:
+                seconds = _write_files(work, n_files, size, fsync)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            results.append(
+                WriteResult(
+                    name, str(folder), label, fsync, seconds,
+                    total / 2**20 / seconds, n_files / seconds,
+                )
+            )
+    return results
+
+
+def results_table(results: list[WriteResult]) -> str:
+    rows = [f"{'target':10s} {'pattern':18s} {'fsync':5s} {'MiB/s':>9s} {'files/s':>10s}"]
+    for r in results:
+        rows.append(
+            f"{r.target:10s} {r.pattern:18s} {'yes' if r.fsync else 'no':5s} "
+            f"{r.mib_per_s:9.1f} {r.files_per_s:10.0f}"
+        )
+    return "\n".join(rows)

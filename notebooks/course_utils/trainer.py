@@ -1,0 +1,311 @@
+"""A small Trainer, in the spirit of pytorch/examples' ddp-tutorial-series.
+
+The same object trains on a CPU, one GPU, or as one rank of many: when a
+process group exists it wraps the model in DistributedDataParallel, skips
+the gradient all-reduce on accumulation micro-steps (``no_sync``), and only
+rank 0 writes logs and checkpoints. Each speed-up from notebook 01 is one
+switch in :class:`TrainConfig`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader
+
+from . import dist as cdist
+from .checkpoint import ensure_writable_dir, load_checkpoint, save_checkpoint
+from .data import set_epoch
+from .timing import Throughput
+
+PRECISIONS = ("fp32", "bf16", "fp16", "amp")
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """Turn ``amp`` into ``bf16`` or ``fp16`` for this device; reject what it cannot do."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if device.type == "cuda":
+        bf16_ok = torch.cuda.is_bf16_supported()
+        if precision == "amp":
+            return "bf16" if bf16_ok else "fp16"
+        if precision == "bf16" and not bf16_ok:
+            raise ValueError(
+                f"{torch.cuda.get_device_name(device)} has no bf16 support "
+                "(pre-Ampere, e.g. Frontera's RTX 5000): use --precision fp16 or amp."
+            )
+        return precision
+    if precision == "amp":
+        return "bf16"  # CPU autocast supports bf16; fp16 on CPU is rarely faster
+    if precision == "fp16":
+        raise ValueError("fp16 with a GradScaler is a GPU technique; on CPU use bf16 or fp32.")
+    return precision
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 tensor-core math for fp32 matmuls and convolutions (Ampere and later).
+
+    A process-wide switch: 10 mantissa bits instead of 23 inside the matmul,
+    fp32 everywhere else. It has no effect on CPUs or pre-Ampere GPUs.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 1
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | amp (best of bf16/fp16 here)
+    tf32: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    grad_accum: int = 1
+    steps_per_epoch: int | None = None  # cap, for quick runs and benchmarks
+    log_dir: str | None = None  # TensorBoard event files (rank 0)
+    ckpt_dir: str | None = None  # last.pt written atomically each epoch (rank 0)
+    resume: bool = True  # continue from ckpt_dir/last.pt when it exists
+    progress: bool = True
+    log_every: int = 10
+
+
+@dataclass
+class EpochStats:
+    epoch: int
+    train_loss: float
+    val_loss: float = float("nan")
+    val_acc: float = float("nan")
+    images_per_s: float = float("nan")
+    data_fraction: float = float("nan")
+
+
+class Trainer:
+    """Train ``model`` on ``train_loader``; ``fit()`` returns the per-epoch history."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_loader: DataLoader,
+        device: torch.device | str,
+        config: TrainConfig | None = None,
+        val_loader: DataLoader | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        self.cfg = config or TrainConfig()
+        if self.cfg.grad_accum < 1:
+            raise ValueError("grad_accum must be >= 1")
+        self.device = torch.device(device)
+        self.precision = resolve_precision(self.cfg.precision, self.device)
+        # Fail now, not after the first epoch, if logs or checkpoints cannot be written.
+        if cdist.is_main_process():
+            for d, what in ((self.cfg.log_dir, "log folder"), (self.cfg.ckpt_dir, "checkpoint folder")):
+                if d:
+                    ensure_writable_dir(d, what)
+        set_tf32(self.cfg.tf32)
+
+        self.memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
+        self.raw_model = model.to(self.device, memory_format=self.memory_format)
+        net: nn.Module = self.raw_model
+        if cdist.get_world_size() > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            net = DDP(net, device_ids=ids)
+        self.ddp = net if isinstance(net, DDP) else None
+        if self.cfg.compile:
+            net = torch.compile(net)
+        self.model = net
+
+        self.train_loader, self.val_loader = train_loader, val_loader
+        self.optimizer = optimizer or torch.optim.SGD(
+            self.raw_model.parameters(),
+            lr=self.cfg.lr,
+            momentum=self.cfg.momentum,
+            weight_decay=self.cfg.weight_decay,
+        )
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn or nn.CrossEntropyLoss()
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        self.epoch = 0
+        self.global_step = 0
+        self.history: list[EpochStats] = []
+        self.step_losses: list[float] = []
+        self.writer = None
+        if self.cfg.log_dir and cdist.is_main_process():
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(self.cfg.log_dir)
+        if self.cfg.ckpt_dir and self.cfg.resume and self.ckpt_path.exists():
+            self.load(self.ckpt_path)
+
+    # ------------------------------------------------------------------ #
+    @property
+    def ckpt_path(self) -> Path:
+        return Path(self.cfg.ckpt_dir or ".") / "last.pt"
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(self.device, non_blocking=True, memory_format=self.memory_format)
+        return x, y.to(self.device, non_blocking=True)
+
+    def _progress(self, iterable: Any, total: int, desc: str) -> Any:
+        if not (self.cfg.progress and cdist.is_main_process()):
+            return iterable
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, leave=False, mininterval=1.0)
+
+    # ------------------------------------------------------------------ #
+    def train_epoch(self) -> tuple[float, Throughput]:
+        """One pass over the training loader (or ``steps_per_epoch`` batches)."""
+        self.model.train()
+        set_epoch(self.train_loader, self.epoch)
+        n_batches = len(self.train_loader)
+        if self.cfg.steps_per_epoch:
+            n_batches = min(n_batches, self.cfg.steps_per_epoch)
+        meter = Throughput(self.device)
+        total, count = torch.zeros((), device=self.device), 0
+        accum = self.cfg.grad_accum
+        it = self._progress(iter(self.train_loader), n_batches, f"epoch {self.epoch}")
+        meter.start()
+        for i, (x, y) in enumerate(it):
+            if i >= n_batches:
+                break
+            meter.data_ready()
+            x, y = self._to_device(x, y)
+            last_micro = (i + 1) % accum == 0 or i + 1 == n_batches
+            # Skip DDP's all-reduce on all but the last micro-batch of an accumulation.
+            sync_ctx = self.ddp.no_sync() if (self.ddp and not last_micro) else contextlib.nullcontext()
+            with sync_ctx:
+                with self._autocast():
+                    loss = self.loss_fn(self.model(x), y)
+                self.scaler.scale(loss / accum).backward()
+            if last_micro:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                self.global_step += 1
+            total += loss.detach()
+            count += 1
+            meter.step_done(x.shape[0])
+            if (i + 1) % self.cfg.log_every == 0 or i + 1 == n_batches:
+                value = loss.item()
+                self.step_losses.append(value)
+                if self.writer:
+                    self.writer.add_scalar("loss/train_step", value, self.global_step)
+                    self.writer.add_scalar("lr", self.optimizer.param_groups[0]["lr"], self.global_step)
+                if hasattr(it, "set_postfix"):
+                    it.set_postfix(loss=f"{value:.3f}")
+        if hasattr(it, "close"):
+            it.close()
+        mean = (total / max(count, 1)).item()
+        return mean, meter
+
+    @torch.no_grad()
+    def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float]:
+        """Mean loss and accuracy over ``loader`` (summed over all ranks)."""
+        loader = loader or self.val_loader
+        if loader is None:
+            return float("nan"), float("nan")
+        self.model.eval()
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss, correct, n
+        for x, y in loader:
+            x, y = self._to_device(x, y)
+            with self._autocast():
+                logits = self.model(x)
+            sums[0] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+            sums[1] += (logits.argmax(1) == y).sum()
+            sums[2] += y.numel()
+        if cdist.get_world_size() > 1:
+            torch.distributed.all_reduce(sums)
+        n = max(sums[2].item(), 1)
+        return sums[0].item() / n, sums[1].item() / n
+
+    def fit(self) -> list[EpochStats]:
+        """Train until ``config.epochs``; resumes where a checkpoint left off."""
+        while self.epoch < self.cfg.epochs:
+            train_loss, meter = self.train_epoch()
+            if not math.isfinite(train_loss):
+                raise FloatingPointError(
+                    f"training loss became {train_loss} in epoch {self.epoch}: lower the "
+                    "learning rate, or use bf16/fp32 instead of fp16."
+                )
+            val_loss, val_acc = self.evaluate()
+            stats = EpochStats(
+                self.epoch, train_loss, val_loss, val_acc, meter.images_per_s, meter.data_fraction
+            )
+            self.history.append(stats)
+            self.epoch += 1
+            if self.writer:
+                for key, value in asdict(stats).items():
+                    if key != "epoch" and math.isfinite(value):
+                        self.writer.add_scalar(f"epoch/{key}", value, stats.epoch)
+                self.writer.flush()
+            cdist.print0(
+                f"epoch {stats.epoch}: train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
+                f"val_acc {val_acc:.3f}  {meter.images_per_s:,.0f} img/s/rank  "
+                f"data {100 * meter.data_fraction:.0f}%"
+            )
+            if self.cfg.ckpt_dir:
+                self.save(self.ckpt_path)
+        if self.writer:
+            self.writer.close()
+        return self.history
+
+    # ------------------------------------------------------------------ #
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.raw_model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "epoch": self.epoch,
+            "global_step": self.global_step,
+            "history": [asdict(h) for h in self.history],
+            "config": asdict(self.cfg),
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Rank 0 writes atomically; the others wait so nobody reads a half-written file."""
+        if cdist.is_main_process():
+            save_checkpoint(self.state_dict(), path)
+        cdist.barrier()
+
+    def load(self, path: str | Path) -> None:
+        state = load_checkpoint(path, map_location=self.device)
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.epoch = state["epoch"]
+        self.global_step = state["global_step"]
+        self.history = [EpochStats(**h) for h in state["history"]]
+        cdist.print0(f"resumed from {path} at epoch {self.epoch}")
+
+
+def history_table(history: list[EpochStats]) -> str:
+    """The per-epoch history as a plain-text table."""
+    rows = ["epoch  train_loss  val_loss  val_acc  img/s/rank  data%"]
+    for h in history:
+        rows.append(
+            f"{h.epoch:5d}  {h.train_loss:10.4f}  {h.val_loss:8.4f}  {h.val_acc:7.3f}  "
+            f"{h.images_per_s:10,.0f}  {100 * h.data_fraction:5.0f}"
+        )
+    return "\n".join(rows)
