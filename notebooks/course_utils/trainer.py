@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,6 +76,7 @@ class TrainConfig:
     resume: bool = True  # continue from ckpt_dir/last.pt when it exists
     progress: bool = True
     log_every: int = 10
+    warmup_steps: int = 2  # steps not timed (cuDNN autotuning, compile, worker start-up)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class Trainer:
         self.global_step = 0
         self.history: list[EpochStats] = []
         self.step_losses: list[float] = []
+        self.step_callback: Callable[[], None] | None = None  # e.g. a profiler's step()
         self.writer = None
         if self.cfg.log_dir and cdist.is_main_process():
             from torch.utils.tensorboard import SummaryWriter
@@ -177,7 +179,7 @@ class Trainer:
         n_batches = len(self.train_loader)
         if self.cfg.steps_per_epoch:
             n_batches = min(n_batches, self.cfg.steps_per_epoch)
-        meter = Throughput(self.device)
+        meter = Throughput(self.device, warmup=self.cfg.warmup_steps)
         total, count = torch.zeros((), device=self.device), 0
         accum = self.cfg.grad_accum
         it = self._progress(iter(self.train_loader), n_batches, f"epoch {self.epoch}")
@@ -204,6 +206,8 @@ class Trainer:
             total += loss.detach()
             count += 1
             meter.step_done(x.shape[0])
+            if self.step_callback is not None:
+                self.step_callback()
             if (i + 1) % self.cfg.log_every == 0 or i + 1 == n_batches:
                 value = loss.item()
                 self.step_losses.append(value)
@@ -214,8 +218,11 @@ class Trainer:
                     it.set_postfix(loss=f"{value:.3f}")
         if hasattr(it, "close"):
             it.close()
-        mean = (total / max(count, 1)).item()
-        return mean, meter
+        mean = total / max(count, 1)
+        if cdist.get_world_size() > 1:  # report the mean over all ranks, not rank 0's
+            torch.distributed.all_reduce(mean)
+            mean /= cdist.get_world_size()
+        return mean.item(), meter
 
     @torch.no_grad()
     def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float]:

@@ -1,0 +1,214 @@
+"""The single-device speed-up ladder of notebook 01 and ``scripts/benchmark_single.py``.
+
+Each rung adds one technique on top of the best configuration so far and
+measures images/s side by side in one process. A rung is *kept* only if it
+made this machine faster, so the last kept rung is the best configuration
+found here; rungs that need a GPU (or Ampere tensor cores) are skipped with
+the reason printed, which is how the same notebook teaches on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .data import get_datasets, make_loader
+from .dist import choose_device
+from .models import build_model
+from .trainer import TrainConfig, Trainer
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The switches the ladder turns, one rung at a time."""
+
+    workers: int = 0
+    pin_memory: bool = False
+    cudnn_benchmark: bool = False
+    tf32: bool = False
+    channels_last: bool = False
+    precision: str = "fp32"
+    compile: bool = False
+
+
+@dataclass
+class LadderSettings:
+    model: str = "resnet18"
+    batch_size: int = 256
+    steps: int = 30  # timed steps per rung
+    warmup: int = 5  # untimed steps per rung (compile, autotuning, worker start)
+    workers: int = 8  # the value the "workers" rung switches to
+    device: str = "auto"
+    compile_on_cpu: bool = False  # compiling on a small CPU takes minutes
+    seed: int = 0
+
+
+@dataclass
+class RungResult:
+    rung: str
+    status: str  # kept | dropped (slower here) | skipped: <why>
+    images_per_s: float = float("nan")
+    speedup: float = float("nan")  # versus the fp32 baseline
+    data_fraction: float = float("nan")
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+def _gpu_cc(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
+
+
+def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dict[str, Any], str | None]]:
+    """``(name, change, reason_to_skip)`` for each rung on ``device``."""
+    gpu = device.type == "cuda"
+    no_gpu = None if gpu else "needs a GPU"
+    ampere = None if _gpu_cc(device) >= (8, 0) else "needs an Ampere or newer GPU"
+    compile_skip = None
+    if not gpu and not settings.compile_on_cpu:
+        compile_skip = "off on CPU (compiling takes minutes on few cores); set compile_on_cpu"
+    return [
+        ("fp32 baseline", {}, None),
+        (f"+ {settings.workers} DataLoader workers", {"workers": settings.workers}, None),
+        ("+ pinned memory", {"pin_memory": True}, no_gpu),
+        ("+ cudnn.benchmark", {"cudnn_benchmark": True}, no_gpu),
+        ("+ TF32", {"tf32": True}, ampere if gpu else no_gpu),
+        ("+ channels_last", {"channels_last": True}, None),
+        ("+ AMP (" + ("bf16" if not gpu or torch.cuda.is_bf16_supported() else "fp16") + ")",
+         {"precision": "amp"}, None),
+        ("+ torch.compile", {"compile": True}, compile_skip),
+    ]
+
+
+def measure(
+    knobs: Knobs,
+    settings: LadderSettings,
+    train_ds: torch.utils.data.Dataset,
+    in_channels: int,
+    device: torch.device,
+    step_callback: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """Train ``warmup + steps`` steps with ``knobs``; images/s over the timed steps."""
+    torch.backends.cudnn.benchmark = knobs.cudnn_benchmark
+    torch.manual_seed(settings.seed)
+    model = build_model(settings.model, in_channels)
+    loader = make_loader(
+        train_ds, settings.batch_size, shuffle=True, workers=knobs.workers,
+        pin_memory=knobs.pin_memory, drop_last=True, seed=settings.seed,
+    )
+    cfg = TrainConfig(
+        epochs=1, precision=knobs.precision, tf32=knobs.tf32, channels_last=knobs.channels_last,
+        compile=knobs.compile, steps_per_epoch=settings.warmup + settings.steps,
+        warmup_steps=settings.warmup, progress=False, log_every=10**9,
+    )
+    trainer = Trainer(model, loader, device, cfg)
+    trainer.step_callback = step_callback
+    try:
+        _, meter = trainer.train_epoch()
+    finally:
+        del trainer, model, loader
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if knobs.compile:
+            torch._dynamo.reset()
+    return meter.summary()
+
+
+def ladder_dataset(settings: LadderSettings) -> tuple[torch.utils.data.Dataset, int]:
+    """Enough synthetic images for one rung (no download; augmentation on, as in training)."""
+    n = settings.batch_size * (settings.steps + settings.warmup)
+    train, _, info = get_datasets("synthetic", n_train=n, n_val=1, augment=True, seed=settings.seed)
+    return train, info.channels
+
+
+def run_ladder(settings: LadderSettings, echo: Callable[[str], None] = print) -> list[RungResult]:
+    """Climb the ladder; returns one :class:`RungResult` per rung."""
+    device = choose_device(settings.device)
+    train_ds, channels = ladder_dataset(settings)
+    best, best_ips, baseline = Knobs(), 0.0, 0.0
+    results: list[RungResult] = []
+    for name, change, skip in rungs(device, settings):
+        if skip:
+            results.append(RungResult(name, f"skipped: {skip}"))
+            echo(f"{name:28s} skipped: {skip}")
+            continue
+        knobs = replace(best, **change)
+        summary = measure(knobs, settings, train_ds, channels, device)
+        ips = summary["images_per_s"]
+        if not baseline:
+            baseline = ips
+        kept = ips >= best_ips
+        if kept:
+            best, best_ips = knobs, ips
+        status = "kept" if kept else "dropped (slower here)"
+        results.append(
+            RungResult(name, status, ips, ips / baseline, summary["data_fraction"], asdict(knobs))
+        )
+        echo(f"{name:28s} {ips:10,.0f} img/s  x{ips / baseline:5.2f}  data {100 * summary['data_fraction']:3.0f}%  {status}")
+    return results
+
+
+def workers_sweep(
+    settings: LadderSettings, workers: list[int], echo: Callable[[str], None] = print
+) -> list[dict[str, float]]:
+    """images/s and the share of time spent waiting for data, per worker count."""
+    device = choose_device(settings.device)
+    train_ds, channels = ladder_dataset(settings)
+    rows = []
+    for w in workers:
+        s = measure(Knobs(workers=w), settings, train_ds, channels, device)
+        rows.append({"workers": w, **s})
+        echo(f"workers={w:2d}  {s['images_per_s']:10,.0f} img/s  waiting for data {100 * s['data_fraction']:3.0f}%")
+    return rows
+
+
+def ladder_table(results: list[RungResult]) -> str:
+    rows = [f"{'rung':28s} {'img/s':>10s} {'speed-up':>8s} {'data%':>6s}  status"]
+    for r in results:
+        if r.status.startswith("skipped"):
+            rows.append(f"{r.rung:28s} {'-':>10s} {'-':>8s} {'-':>6s}  {r.status}")
+        else:
+            rows.append(
+                f"{r.rung:28s} {r.images_per_s:10,.0f} {r.speedup:7.2f}x {100 * r.data_fraction:5.0f}%  {r.status}"
+            )
+    return "\n".join(rows)
+
+
+def best_speedup(results: list[RungResult]) -> float:
+    """Speed-up of the best configuration found (the last kept rung)."""
+    kept = [r.speedup for r in results if r.status == "kept"]
+    return max(kept) if kept else float("nan")
+
+
+def profile_steps(
+    settings: LadderSettings, knobs: Knobs, out_dir: str | Path, active: int = 3
+) -> tuple[Path, str]:
+    """Record ``active`` training steps with ``torch.profiler``.
+
+    The trace (``*.pt.trace.json``) opens in Perfetto (ui.perfetto.dev) or
+    TensorBoard's profiler plugin. Returns its path and the top operators.
+    """
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = choose_device(settings.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    train_ds, channels = ladder_dataset(settings)
+    short = replace(settings, warmup=0, steps=2 + active)
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=1, warmup=1, active=active, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(out_dir)),
+        record_shapes=False,
+    ) as prof:
+        measure(knobs, short, train_ds, channels, device, step_callback=prof.step)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=12)
+    traces = sorted(out_dir.glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
+    if not traces:
+        raise RuntimeError(f"the profiler wrote no trace into {out_dir}")
+    return traces[-1], table
