@@ -1,0 +1,77 @@
+"""Atomic checkpoints: a job killed mid-write leaves the previous checkpoint readable."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from course_utils.checkpoint import ensure_writable_dir, load_checkpoint, save_checkpoint
+
+
+def test_round_trip_and_map_location(tmp_path):
+    state = {"w": torch.arange(10.0), "epoch": 3}
+    path = save_checkpoint(state, tmp_path / "ck" / "last.pt")
+    loaded = load_checkpoint(path, map_location="cpu")
+    assert torch.equal(loaded["w"], state["w"]) and loaded["epoch"] == 3
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temp files left
+
+
+def test_kill_mid_write_keeps_old_checkpoint(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"w": torch.full((1000,), 1.0), "epoch": 1}, path)
+    marker = tmp_path / "writing"
+    # A child process starts writing a new checkpoint and blocks half-way
+    # through pickling; we SIGKILL it there, as Slurm would at the time limit.
+    child = textwrap.dedent(
+        f"""
+        import pathlib, time, torch
+        from course_utils.checkpoint import save_checkpoint
+
+        class Stall:
+            def __reduce__(self):
+                pathlib.Path({str(marker)!r}).touch()
+                time.sleep(600)
+                return (int, (0,))
+
+        save_checkpoint({{"w": torch.full((1_000_000,), 2.0), "stall": Stall(), "epoch": 2}},
+                        {str(path)!r})
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child])
+    try:
+        deadline = time.time() + 60
+        while not marker.exists():
+            assert proc.poll() is None, "the writer exited before reaching the stall"
+            assert time.time() < deadline, "the writer never started writing"
+            time.sleep(0.05)
+        temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+        assert temps, "the new checkpoint was being written to a temporary file"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    old = load_checkpoint(path)
+    assert old["epoch"] == 1 and torch.equal(old["w"], torch.full((1000,), 1.0))
+    # and the next save replaces it cleanly
+    save_checkpoint({"epoch": 3}, path)
+    assert load_checkpoint(path)["epoch"] == 3
+
+
+def test_unwritable_folder_is_reported_before_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(PermissionError, match="not writable"):
+        ensure_writable_dir(blocker / "ckpt", "checkpoint folder")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only folder")
+def test_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    with pytest.raises(PermissionError):
+        ensure_writable_dir(ro)

@@ -1,0 +1,109 @@
+"""Data: the offline default is deterministic and learnable; real data sets fail clearly when absent."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from course_utils import data
+from course_utils.models import build_model
+from course_utils.trainer import TrainConfig, Trainer
+
+
+def test_synthetic_is_deterministic_and_seed_dependent():
+    a_img, a_lab = data.make_synthetic(500, seed=3)
+    b_img, b_lab = data.make_synthetic(500, seed=3)
+    c_img, _ = data.make_synthetic(500, seed=4)
+    assert torch.equal(a_img, b_img) and torch.equal(a_lab, b_lab)
+    assert not torch.equal(a_img, c_img)
+    assert a_img.dtype == torch.uint8 and a_img.shape == (500, 3, 32, 32)
+    assert torch.bincount(a_lab, minlength=10).tolist() == [50] * 10
+
+
+def test_synthetic_is_not_noise():
+    # the mean image of each class differs from the others far more than noise would
+    images, labels = data.make_synthetic(2000, seed=0)
+    x = images.float().mean(1)  # grey
+    centred = x - x.mean(dim=(1, 2), keepdim=True)
+    # stripes: horizontal vs vertical energy tells classes 4 and 5 apart
+    dy = (centred[:, 1:, :] - centred[:, :-1, :]).abs().mean(dim=(1, 2))
+    dx = (centred[:, :, 1:] - centred[:, :, :-1]).abs().mean(dim=(1, 2))
+    h, v = labels == 4, labels == 5
+    assert (dy[h] > dx[h]).float().mean() > 0.9
+    assert (dx[v] > dy[v]).float().mean() > 0.9
+
+
+def test_small_cnn_learns_the_offline_default():
+    torch.manual_seed(0)
+    train, val, info = data.get_datasets("synthetic", n_train=3000, n_val=1000)
+    tl = data.make_loader(train, 64, shuffle=True)
+    vl = data.make_loader(val, 256, shuffle=False)
+    model = build_model("cnn", info.channels, info.num_classes)
+    trainer = Trainer(model, tl, "cpu", TrainConfig(epochs=3, lr=0.05, progress=False), val_loader=vl)
+    history = trainer.fit()
+    assert history[-1].train_loss < 0.75 * history[0].train_loss
+    assert history[-1].val_acc > 0.4, "chance is 0.1; a learnable data set gets far above it"
+
+
+def test_validation_images_are_not_training_images():
+    train, val, _ = data.get_datasets("synthetic", n_train=200, n_val=200, augment=False)
+    train_set = {bytes(train.images[i].numpy()) for i in range(200)}
+    assert not any(bytes(val.images[i].numpy()) in train_set for i in range(200))
+
+
+def test_loader_with_workers_and_augmentation():
+    train, _, _ = data.get_datasets("synthetic", n_train=256, n_val=16)
+    loader = data.make_loader(train, 64, workers=2, persistent_workers=True, prefetch_factor=2)
+    batches = list(loader)
+    assert len(batches) == 4
+    x, y = batches[0]
+    assert x.shape == (64, 3, 32, 32) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert abs(float(x.mean())) < 1.0  # normalised
+
+
+def _write_idx(path, array):
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(">" + "I" * array.ndim, *array.shape)
+    with gzip.open(path, "wb") as fh:
+        fh.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_idx_round_trip_and_md5(tmp_path):
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, (30, 28, 28))
+    labs = rng.integers(0, 10, (30,))
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", imgs)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labs)
+    x, y = data.load_mnist_idx(tmp_path)
+    assert x.shape == (30, 1, 28, 28) and torch.equal(x[:, 0], torch.from_numpy(imgs.astype(np.uint8)))
+    assert torch.equal(y, torch.from_numpy(labs))
+    (tmp_path / "MD5SUMS").write_text("0" * 32 + "  t10k-labels-idx1-ubyte.gz\n")
+    with pytest.raises(ValueError, match="MD5"):
+        data.load_mnist_idx(tmp_path)
+
+
+def test_truncated_idx_is_rejected(tmp_path):
+    path = tmp_path / "bad-idx.gz"
+    with gzip.open(path, "wb") as fh:
+        fh.write(struct.pack(">HBBI", 0, 8, 1, 100) + b"\x00" * 10)
+    with pytest.raises(ValueError, match="truncated"):
+        data.read_idx(path)
+
+
+def test_missing_real_dataset_says_what_to_run(tmp_path):
+    with pytest.raises(data.DatasetMissingError) as err:
+        data.get_datasets("cifar10", root=tmp_path)
+    message = str(err.value)
+    assert f"python -m course_utils.data download cifar10 --root {tmp_path}" in message
+    assert "login node" in message
+
+
+def test_check_command_reports_missing_data(tmp_path, capsys):
+    assert data.main(["check", "mnist", "--root", str(tmp_path)]) == 1
+    assert "python -m course_utils.data download mnist" in capsys.readouterr().err
+
+
+def test_unknown_dataset():
+    with pytest.raises(ValueError, match="synthetic"):
+        data.get_datasets("imagenet")

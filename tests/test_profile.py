@@ -1,0 +1,22 @@
+import pytest
+import torch
+
+from course_utils import profile
+
+
+def test_default_follows_the_hardware(monkeypatch):
+    monkeypatch.delenv("COURSE_PROFILE", raising=False)
+    assert profile.current_profile() == ("full" if torch.cuda.is_available() else "ci")
+
+
+@pytest.mark.parametrize("value, expected", [("ci", "ci"), ("FULL", "full"), (" ci ", "ci")])
+def test_explicit_profile(monkeypatch, value, expected):
+    monkeypatch.setenv("COURSE_PROFILE", value)
+    assert profile.current_profile() == expected
+    assert profile.pick(ci=1, full=2) == (1 if expected == "ci" else 2)
+
+
+def test_invalid_profile_lists_the_valid_ones(monkeypatch):
+    monkeypatch.setenv("COURSE_PROFILE", "fast")
+    with pytest.raises(ValueError, match=r"'fast'.*ci, full"):
+        profile.current_profile()

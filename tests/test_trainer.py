@@ -1,0 +1,109 @@
+"""The training loop: loss falls, accumulation is exact, logs are real, resume continues."""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from course_utils import data
+from course_utils.models import build_model, count_parameters
+from course_utils.trainer import TrainConfig, Trainer, resolve_precision
+
+
+def _linear_problem(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    y = (x[:, :4].sum(1) > 0).long()
+    return TensorDataset(x, y)
+
+
+def _linear_trainer(batch, accum, tmp_path=None, **cfg):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    loader = DataLoader(_linear_problem(), batch_size=batch, shuffle=False)
+    config = TrainConfig(epochs=1, lr=0.1, momentum=0.0, weight_decay=0.0, grad_accum=accum,
+                         progress=False, **cfg)
+    return Trainer(model, loader, "cpu", config)
+
+
+def test_gradient_accumulation_matches_big_batch():
+    big = _linear_trainer(batch=16, accum=1)
+    small = _linear_trainer(batch=8, accum=2)
+    big.fit()
+    small.fit()
+    assert big.global_step == small.global_step == 4
+    for a, b in zip(big.raw_model.parameters(), small.raw_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_falls_and_tensorboard_events_are_real(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(0)
+    train, val, info = data.get_datasets("synthetic", n_train=2048, n_val=512)
+    trainer = Trainer(
+        build_model("cnn"), data.make_loader(train, 64), "cpu",
+        TrainConfig(epochs=2, progress=False, log_dir=str(tmp_path / "tb"), log_every=4),
+        val_loader=data.make_loader(val, 256, shuffle=False),
+    )
+    history = trainer.fit()
+    assert history[-1].train_loss < history[0].train_loss
+    assert trainer.step_losses[-1] < trainer.step_losses[0]
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"loss/train_step", "epoch/train_loss", "epoch/val_acc"} <= set(tags)
+    steps = events.Scalars("loss/train_step")
+    assert len(steps) >= 8 and steps[-1].value < steps[0].value
+
+
+def test_resume_continues_from_last_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = _linear_trainer(batch=16, accum=1, ckpt_dir=str(ckpt))
+    first.fit()
+    assert (ckpt / "last.pt").exists()
+    # a new process would build the same trainer with more epochs and pick up at epoch 1
+    second = _linear_trainer(batch=16, accum=1, ckpt_dir=str(ckpt))
+    assert second.epoch == 1 and second.global_step == 4
+    for a, b in zip(first.raw_model.parameters(), second.raw_model.parameters()):
+        assert torch.equal(a, b)
+    second.cfg.epochs = 2
+    second.fit()
+    assert [h.epoch for h in second.history] == [0, 1]
+
+
+def test_precision_rules():
+    cpu = torch.device("cpu")
+    assert resolve_precision("amp", cpu) == "bf16"
+    assert resolve_precision("fp32", cpu) == "fp32"
+    with pytest.raises(ValueError, match="GPU"):
+        resolve_precision("fp16", cpu)
+    with pytest.raises(ValueError, match="fp64"):
+        resolve_precision("fp64", cpu)
+
+
+def test_bf16_and_channels_last_train_on_cpu():
+    trainer = _linear_trainer(batch=16, accum=1, precision="bf16")
+    history = trainer.fit()
+    assert torch.isfinite(torch.tensor(history[-1].train_loss))
+    cnn = Trainer(
+        build_model("cnn"), data.make_loader(data.get_datasets("synthetic", n_train=64, n_val=8)[0], 32),
+        "cpu", TrainConfig(epochs=1, channels_last=True, progress=False),
+    )
+    cnn.fit()
+    assert cnn.raw_model.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_unwritable_log_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(PermissionError, match="log folder"):
+        _linear_trainer(batch=16, accum=1, log_dir=str(blocker / "tb"))
+
+
+def test_models_have_expected_sizes():
+    assert 11.0e6 < count_parameters(build_model("resnet18")) < 11.5e6
+    for channels, size in ((1, 28), (3, 32)):
+        for name in ("cnn", "resnet18"):
+            out = build_model(name, channels)(torch.randn(2, channels, size, size))
+            assert out.shape == (2, 10)
