@@ -63,11 +63,10 @@ def script_path(name: str) -> Path:
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a launched script: ours, plus ``course_utils`` on
     ``PYTHONPATH`` (so it imports even where the package is not installed)."""
-    env = dict(os.environ)
+    env = {**os.environ, **(extra or {})}
     paths = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed, not at exit
-    env.update(extra or {})
     return env
 
 

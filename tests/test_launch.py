@@ -1,0 +1,151 @@
+"""Launcher tests: scripts run as real processes, alone and under a real torchrun/gloo group."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from course_utils.launch import LaunchError, run_command, run_script
+
+
+def result_of(run):
+    lines = [line for line in run.lines if line.startswith("RESULT ")]
+    assert lines, f"no RESULT line in:\n{run.output}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_train_script_learns_as_a_plain_process(tmp_path):
+    run = run_script(
+        "train.py",
+        ["--epochs", "2", "--n-train", "1536", "--n-val", "512", "--workers", "0",
+         "--ckpt-dir", tmp_path / "ckpt", "--log-dir", tmp_path / "tb"],
+        timeout=300, echo=False,
+    )
+    result = result_of(run)
+    assert result["world_size"] == 1 and result["epochs"] == 2
+    assert result["train_loss"][1] < result["train_loss"][0]
+    assert (tmp_path / "ckpt" / "last.pt").exists()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_train_script_under_torchrun_two_gloo_ranks(tmp_path):
+    run = run_script(
+        "train.py",
+        ["--epochs", "2", "--n-train", "1024", "--n-val", "256", "--workers", "0",
+         "--batch-size", "32", "--ckpt-dir", tmp_path / "ckpt"],
+        nproc=2, timeout=300, echo=False,
+    )
+    result = result_of(run)
+    assert result["world_size"] == 2
+    assert "launcher=torchrun rank=0/2" in run.output
+    assert result["train_loss"][1] < result["train_loss"][0]
+    assert len([line for line in run.lines if line.startswith("RESULT ")]) == 1, "rank 0 only reports"
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--epochs", "0"], "must be >= 1"),
+        (["--precision", "fp8"], "invalid choice"),
+        (["--dataset", "imagenet"], "invalid choice"),
+        (["--lr", "-1"], "must be > 0"),
+    ],
+)
+def test_bad_cli_values_are_argparse_errors(args, expected):
+    run = run_script("train.py", args, check=False, echo=False, timeout=120)
+    assert run.returncode == 2
+    assert expected in run.output and "Traceback" not in run.output
+
+
+def test_missing_dataset_names_the_login_node_command(tmp_path):
+    run = run_script("train.py", ["--dataset", "cifar10", "--data-root", tmp_path],
+                     check=False, echo=False, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.output
+    assert f"python -m course_utils.data download cifar10 --root {tmp_path}" in run.output
+
+
+def test_cuda_without_gpu_is_one_clear_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    run = run_script("train.py", ["--device", "cuda"], check=False, echo=False, timeout=120)
+    assert run.returncode != 0 and "Traceback" not in run.output
+    assert "no CUDA GPU is visible" in run.output
+
+
+def test_unwritable_checkpoint_folder_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    start = time.perf_counter()
+    run = run_script("train.py", ["--ckpt-dir", blocker / "ckpt"], check=False, echo=False, timeout=120)
+    assert run.returncode == 2 and "not writable" in run.output
+    assert "epoch 0" not in run.output and "Traceback" not in run.output
+    assert time.perf_counter() - start < 60
+
+
+def test_timeout_kills_the_whole_process_tree(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import subprocess, sys, time, pathlib;"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(c.pid));"
+        "print('started', flush=True); time.sleep(300)"
+    )
+    with pytest.raises(LaunchError, match="did not finish within 3 s") as err:
+        run_command([sys.executable, "-c", code], timeout=3, echo=False)
+    assert err.value.result.timed_out and "started" in err.value.result.output
+    child = int(pid_file.read_text())
+    for _ in range(50):  # the grandchild must be gone too, not orphaned
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        # a zombie still answers kill(0); it is dead when its state is Z
+        with open(f"/proc/{child}/stat") as fh:
+            if fh.read().split()[2] == "Z":
+                break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {child} survived the timeout")
+
+
+def test_failing_command_raises_with_its_output():
+    with pytest.raises(LaunchError, match="exited with code 3") as err:
+        run_command([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], echo=False)
+    assert "boom" in str(err.value)
+
+
+def test_launched_scripts_find_course_utils_without_an_install():
+    # A portal kernel may have torch but not this package installed. With -S
+    # (no site-packages, so no editable install) only PYTHONPATH can find it.
+    code = "import importlib.util as u; print(u.find_spec('course_utils').origin)"
+    run = run_command([sys.executable, "-S", "-c", code], env={"PYTHONPATH": "/elsewhere"},
+                      echo=False, timeout=60)
+    assert run.output.strip().endswith("notebooks/course_utils/__init__.py")
+
+
+def test_benchmark_script_writes_a_table_and_json(tmp_path):
+    out = tmp_path / "ladder.json"
+    run = run_script(
+        "benchmark_single.py",
+        ["--model", "cnn", "--batch-size", "32", "--steps", "3", "--warmup", "1", "--workers", "1",
+         "--json", out],
+        timeout=300, echo=False, env={"COURSE_PROFILE": "ci"},
+    )
+    assert "fp32 baseline" in run.output and "best configuration" in run.output
+    payload = json.loads(out.read_text())
+    rungs = payload["rungs"]
+    assert rungs[0]["rung"] == "fp32 baseline" and rungs[0]["speedup"] == 1.0
+    measured = [r for r in rungs if not r["status"].startswith("skipped")]
+    assert len(measured) >= 3 and all(r["images_per_s"] > 0 for r in measured)
+    assert payload["best_speedup"] >= 1.0
+
+
+def test_data_cli_help_runs():
+    out = subprocess.run([sys.executable, "-m", "course_utils.data", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "download" in out.stdout
