@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     s.add_argument("--precision", choices=PRECISIONS, default="fp32")
     s.add_argument("--tf32", action="store_true", help="TF32 tensor cores for fp32 (Ampere+)")
+    s.add_argument("--cudnn-benchmark", action="store_true", help="autotune cuDNN convolutions")
     s.add_argument("--channels-last", action="store_true")
     s.add_argument("--compile", action="store_true", help="torch.compile the model")
     o = p.add_argument_group("output")
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         config = TrainConfig(
             epochs=args.epochs, lr=args.lr, precision=args.precision, tf32=args.tf32,
-            channels_last=args.channels_last, compile=args.compile, grad_accum=args.grad_accum,
+            cudnn_benchmark=args.cudnn_benchmark, channels_last=args.channels_last,
+            compile=args.compile, grad_accum=args.grad_accum,
             steps_per_epoch=args.steps_per_epoch, log_dir=args.log_dir, ckpt_dir=args.ckpt_dir,
             progress=not args.no_progress and sys.stderr.isatty(),
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import time
 from typing import Any
 
 import torch
@@ -134,3 +135,50 @@ def print_report(report: dict[str, Any] | None = None) -> dict[str, Any]:
     if r["slurm_job"]:
         print(f"slurm job       {r['slurm_job']}")
     return r
+
+
+def matmul_tflops(dtype: torch.dtype, n: int = 4096, device: str | torch.device = "cpu",
+                  repeats: int = 10, tf32: bool = False) -> float:
+    """Measured dense matmul throughput in TFLOP/s (2*n^3 flops per product).
+
+    ``tf32=True`` with ``float32`` lets Ampere+ tensor cores do the fp32 matmul.
+    """
+    device = torch.device(device)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        for _ in range(2):  # warm-up: library loading, kernel selection
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    return 2 * n**3 * repeats / elapsed / 1e12
+
+
+def matmul_table(device: str | torch.device = "cpu", n: int = 4096, repeats: int = 10) -> list[dict[str, Any]]:
+    """TFLOP/s for each number format this device does: the tensor-core lesson in numbers."""
+    device = torch.device(device)
+    formats: list[tuple[str, torch.dtype, bool]] = [("fp32", torch.float32, False)]
+    if device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        if major >= 8:
+            formats += [("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)]
+        formats += [("fp16", torch.float16, False)]
+    else:
+        formats += [("bf16", torch.bfloat16, False)]
+    rows = []
+    for name, dtype, tf32 in formats:
+        rows.append({"format": name, "tflops": matmul_tflops(dtype, n, device, repeats, tf32)})
+    base = rows[0]["tflops"]
+    for row in rows:
+        row["vs_fp32"] = row["tflops"] / base
+    return rows

@@ -91,7 +91,6 @@ def measure(
     step_callback: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Train ``warmup + steps`` steps with ``knobs``; images/s over the timed steps."""
-    torch.backends.cudnn.benchmark = knobs.cudnn_benchmark
     torch.manual_seed(settings.seed)
     model = build_model(settings.model, in_channels)
     loader = make_loader(
@@ -99,7 +98,8 @@ def measure(
         pin_memory=knobs.pin_memory, drop_last=True, seed=settings.seed,
     )
     cfg = TrainConfig(
-        epochs=1, precision=knobs.precision, tf32=knobs.tf32, channels_last=knobs.channels_last,
+        epochs=1, precision=knobs.precision, tf32=knobs.tf32, cudnn_benchmark=knobs.cudnn_benchmark,
+        channels_last=knobs.channels_last,
         compile=knobs.compile, steps_per_epoch=settings.warmup + settings.steps,
         warmup_steps=settings.warmup, progress=False, log_every=10**9,
     )
@@ -212,3 +212,20 @@ def profile_steps(
     if not traces:
         raise RuntimeError(f"the profiler wrote no trace into {out_dir}")
     return traces[-1], table
+
+
+def knobs_to_flags(knobs: Knobs) -> list[str]:
+    """The same configuration as ``scripts/train.py`` flags."""
+    flags = ["--workers", str(knobs.workers), "--precision", knobs.precision]
+    for on, flag in ((knobs.pin_memory, "--pin-memory"), (knobs.tf32, "--tf32"),
+                     (knobs.cudnn_benchmark, "--cudnn-benchmark"),
+                     (knobs.channels_last, "--channels-last"), (knobs.compile, "--compile")):
+        if on:
+            flags.append(flag)
+    return flags
+
+
+def best_knobs(results: list[RungResult]) -> Knobs:
+    """The configuration of the last kept rung."""
+    kept = [r for r in results if r.status == "kept"]
+    return Knobs(**kept[-1].knobs) if kept else Knobs()

@@ -22,7 +22,7 @@ STORAGE_VARS = {
     "LUSTRE": "FT3 Lustre: large files, fast parallel I/O",
     "LUSTRE_SCRATCH": "FT3 Lustre scratch: job I/O, purged",
     "WORK": "Frontera $WORK: envs, code, data sets (not purged)",
-    "SCRATCH": "Frontera $SCRATCH: job I/O, purged after 10 days",
+    "SCRATCH": "Frontera $SCRATCH: job I/O, large and fast, purged (see TACC policy)",
     "TMPDIR": "node-local temporary folder: fastest for small files, gone after the job",
 }
 

@@ -67,6 +67,7 @@ class TrainConfig:
     weight_decay: float = 5e-4
     precision: str = "fp32"  # fp32 | bf16 | fp16 | amp (best of bf16/fp16 here)
     tf32: bool = False
+    cudnn_benchmark: bool = False  # let cuDNN time its algorithms for fixed input shapes
     channels_last: bool = False
     compile: bool = False
     grad_accum: int = 1
@@ -114,6 +115,7 @@ class Trainer:
                 if d:
                     ensure_writable_dir(d, what)
         set_tf32(self.cfg.tf32)
+        torch.backends.cudnn.benchmark = self.cfg.cudnn_benchmark
 
         self.memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         self.raw_model = model.to(self.device, memory_format=self.memory_format)

@@ -1,0 +1,64 @@
+"""The course's figures: small helpers so notebooks show a plot in one line."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+
+
+def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str,
+              annotate: str = "{:,.0f}", baseline: float | None = None):
+    """Horizontal bars (long labels stay readable); ``baseline`` draws a reference line."""
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1.2))
+    y = range(len(labels))
+    ax.barh(y, values, color="#4C72B0")
+    ax.set_yticks(list(y), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(ylabel)
+    ax.set_title(title)
+    if baseline is not None:
+        ax.axvline(baseline, color="grey", linestyle="--", linewidth=1)
+    for i, v in enumerate(values):
+        if v == v:  # skip NaN
+            ax.text(v, i, " " + annotate.format(v), va="center", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def line_chart(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, ylabel: str,
+               title: str, logx: bool = False, logy: bool = False):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for name, ys in series.items():
+        ax.plot(x, ys, marker="o", label=name)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    if len(series) > 1:
+        ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def loss_curves(history, step_losses: Sequence[float] = (), title: str = "training"):
+    """Left: the loss at each logged step. Right: per-epoch losses and validation accuracy."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    left.plot(range(1, len(step_losses) + 1), step_losses, color="#4C72B0")
+    left.set_xlabel("logged step")
+    left.set_ylabel("training loss")
+    epochs = [h.epoch for h in history]
+    right.plot(epochs, [h.train_loss for h in history], marker="o", label="train loss")
+    right.plot(epochs, [h.val_loss for h in history], marker="s", label="validation loss")
+    right.plot(epochs, [h.val_acc for h in history], marker="^", label="validation accuracy")
+    right.set_xlabel("epoch")
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
