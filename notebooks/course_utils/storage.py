@@ -106,8 +106,6 @@ def measure_writes(
 def results_table(results: list[WriteResult]) -> str:
     rows = [f"{'target':10s} {'pattern':18s} {'fsync':5s} {'MiB/s':>9s} {'files/s':>10s}"]
     for r in results:
-        rows.append(
-            f"{r.target:10s} {r.pattern:18s} {'yes' if r.fsync else 'no':5s} "
-            f"{r.mib_per_s:9.1f} {r.files_per_s:10.0f}"
-        )
+        files = f"{r.files_per_s:10,.0f}" if not r.pattern.startswith("1 x") else f"{'-':>10s}"
+        rows.append(f"{r.target:10s} {r.pattern:18s} {'yes' if r.fsync else 'no':5s} {r.mib_per_s:9.1f} {files}")
     return "\n".join(rows)
