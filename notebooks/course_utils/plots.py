@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 
 def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str,
@@ -56,6 +57,7 @@ def loss_curves(history, step_losses: Sequence[float] = (), title: str = "traini
     right.plot(epochs, [h.val_loss for h in history], marker="s", label="validation loss")
     right.plot(epochs, [h.val_acc for h in history], marker="^", label="validation accuracy")
     right.set_xlabel("epoch")
+    right.xaxis.set_major_locator(MaxNLocator(integer=True))
     right.legend()
     for ax in (left, right):
         ax.grid(alpha=0.3)

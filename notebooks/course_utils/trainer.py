@@ -266,10 +266,10 @@ class Trainer:
                     if key != "epoch" and math.isfinite(value):
                         self.writer.add_scalar(f"epoch/{key}", value, stats.epoch)
                 self.writer.flush()
+            val = f"val_loss {val_loss:.4f}  val_acc {val_acc:.3f}  " if self.val_loader else ""
             cdist.print0(
-                f"epoch {stats.epoch}: train_loss {train_loss:.4f}  val_loss {val_loss:.4f}  "
-                f"val_acc {val_acc:.3f}  {meter.images_per_s:,.0f} img/s/rank  "
-                f"data {100 * meter.data_fraction:.0f}%"
+                f"epoch {stats.epoch}: train_loss {train_loss:.4f}  {val}"
+                f"{meter.images_per_s:,.0f} img/s/rank  data {100 * meter.data_fraction:.0f}%"
             )
             if self.cfg.ckpt_dir:
                 self.save(self.ckpt_path)
