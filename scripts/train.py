@@ -20,7 +20,6 @@ import sys
 import time
 
 import torch
-
 from course_utils import dist as cdist
 from course_utils.checkpoint import ensure_writable_dir
 from course_utils.data import DATASETS, DatasetMissingError, get_datasets, make_loader

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from course_utils import dist as cdist
 
 

@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from course_utils import profile
 
 

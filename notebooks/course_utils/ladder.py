@@ -10,9 +10,10 @@ the reason printed, which is how the same notebook teaches on a laptop CPU.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -147,7 +148,8 @@ def run_ladder(settings: LadderSettings, echo: Callable[[str], None] = print) ->
         results.append(
             RungResult(name, status, ips, ips / baseline, summary["data_fraction"], asdict(knobs))
         )
-        echo(f"{name:28s} {ips:10,.0f} img/s  x{ips / baseline:5.2f}  data {100 * summary['data_fraction']:3.0f}%  {status}")
+        data_pct = 100 * summary["data_fraction"]
+        echo(f"{name:28s} {ips:10,.0f} img/s  x{ips / baseline:5.2f}  data {data_pct:3.0f}%  {status}")
     return results
 
 

@@ -18,9 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from .dist import free_port
 
@@ -32,7 +32,7 @@ SCRIPTS = REPO_ROOT / "scripts"
 class LaunchError(RuntimeError):
     """A launched script failed or timed out; ``.result`` has its output."""
 
-    def __init__(self, message: str, result: "RunResult") -> None:
+    def __init__(self, message: str, result: RunResult) -> None:
         super().__init__(message)
         self.result = result
 

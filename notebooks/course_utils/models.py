@@ -5,8 +5,8 @@ and a CIFAR-style ResNet-18 (the usual GPU benchmark: 11 M parameters,
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 MODELS = ("cnn", "resnet18")
 
