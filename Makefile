@@ -9,6 +9,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888" on a compute node
 LAB_ARGS ?=
+# Jupyter refuses to start as root unless told; containers and CI machines run as root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
@@ -30,7 +32,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/00_environment.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) notebooks/00_environment.ipynb $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: setup
 	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider -rs $(PYTEST_ARGS)

@@ -1,0 +1,55 @@
+"""`make lab` (the README's first command) really serves the course in JupyterLab."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from course_utils.dist import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.status, response.read().decode()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_lab_serves_the_notebooks():
+    port, token = free_port(), "course-test-token"
+    args = f"--no-browser --port={port} --ServerApp.token={token} --ServerApp.open_browser=False"
+    proc = subprocess.Popen(["make", "-C", str(ROOT), "lab", f"LAB_ARGS={args}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            try:
+                status, body = _get(f"{base}/api/status?token={token}")
+                break
+            except OSError:
+                assert time.time() < deadline, "JupyterLab did not answer within 120 s"
+                time.sleep(0.5)
+        assert status == 200 and "started" in json.loads(body)
+        status, body = _get(f"{base}/api/contents/notebooks?token={token}")
+        names = {item["name"] for item in json.loads(body)["content"]}
+        assert {"00_environment.ipynb", "01_single_device_training.ipynb"} <= names
+        status, page = _get(f"{base}/lab?token={token}")
+        assert status == 200 and "JupyterLab" in page
+        status, body = _get(f"{base}/api/kernelspecs?token={token}")
+        assert "python3" in json.loads(body)["kernelspecs"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
