@@ -19,6 +19,7 @@ import os
 import re
 import socket
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT_S = 120
-"""Seconds a collective (and the initial rendezvous) may wait for a peer."""
+DEFAULT_TIMEOUT_S = 600
+"""Seconds a collective may wait for a peer (``$COURSE_DIST_TIMEOUT``): long
+enough for rank 0 to write a large checkpoint while the others wait."""
+
+DEFAULT_JOIN_TIMEOUT_S = 45
+"""Seconds every rank may take to arrive at the start (``$COURSE_JOIN_TIMEOUT``)."""
 
 
 @dataclass(frozen=True)
@@ -218,17 +223,74 @@ def choose_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
 # --------------------------------------------------------------------------- #
 # Process group lifecycle
 # --------------------------------------------------------------------------- #
+def _rendezvous(info: DistEnv, join_timeout_s: float) -> dist.Store:
+    """Meet every rank through a TCP store, or say which ranks never came.
+
+    Under torchrun the agent already serves the store at MASTER_PORT, so every
+    rank is a client; otherwise rank 0 serves it. Each rank checks in under a
+    key; rank 0 waits for all keys and names the ones missing at the deadline.
+    """
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    is_server = info.rank == 0 and not agent_store
+    timeout = _dt.timedelta(seconds=join_timeout_s)
+    try:
+        store = dist.TCPStore(addr, port, info.world_size, is_server, timeout=timeout,
+                              wait_for_workers=False)
+    except Exception as exc:
+        if is_server:
+            raise RuntimeError(
+                f"rank 0 could not listen on {addr}:{port} ({exc}). Another job may hold the port: "
+                "let the launcher choose one (course_utils.launch, or MASTER_PORT derived from the "
+                "Slurm job id) instead of a fixed 29500."
+            ) from exc
+        raise RuntimeError(
+            f"rank {info.rank}/{info.world_size} could not reach rank 0's rendezvous at {addr}:{port} "
+            f"within {join_timeout_s:.0f} s. Is rank 0 running, and is {addr} reachable from "
+            f"{socket.gethostname()}? (launcher: {info.launcher}; cause: {exc})"
+        ) from exc
+    # A restarted torchrun worker group reuses the agent's store: keep attempts apart.
+    prefix = f"course/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    store.set(prefix + str(info.rank), socket.gethostname())
+    if info.rank == 0:
+        deadline = time.monotonic() + join_timeout_s
+        missing = list(range(1, info.world_size))
+        while missing:
+            missing = [r for r in missing if not store.check([prefix + str(r)])]
+            if missing and time.monotonic() > deadline:
+                names = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+                raise RuntimeError(
+                    f"rank(s) {names} of {info.world_size} never joined the rendezvous at {addr}:{port} "
+                    f"within {join_timeout_s:.0f} s. Check that every process was started (srun/torchrun "
+                    f"task count) and can reach {addr}; raise $COURSE_JOIN_TIMEOUT if they start slowly."
+                )
+            if missing:
+                time.sleep(0.05)
+        store.set(prefix + "all", "1")
+    else:
+        try:
+            store.wait([prefix + "all"], timeout)
+        except Exception as exc:
+            raise RuntimeError(
+                f"rank {info.rank}/{info.world_size} reached {addr}:{port} but the other ranks did not all "
+                f"arrive within {join_timeout_s:.0f} s (rank 0 reports which): {exc}"
+            ) from exc
+    return store
+
+
 def init_distributed(
     device: str = "auto",
     backend: str | None = None,
     timeout_s: float | None = None,
+    join_timeout_s: float | None = None,
 ) -> tuple[DistEnv, torch.device]:
     """Join the process group if a launcher started several processes.
 
     Returns this process's :class:`DistEnv` and the device it should use. With
-    world size 1 no process group is created. ``timeout_s`` (default
-    ``$COURSE_DIST_TIMEOUT`` or 120 s) bounds the rendezvous and every
-    collective, so a missing peer is an error rather than a hang.
+    world size 1 no process group is created. Every rank must arrive within
+    ``join_timeout_s`` (default ``$COURSE_JOIN_TIMEOUT`` or 45 s), else the
+    error names the missing ranks and the address; each collective may then
+    wait ``timeout_s`` (default ``$COURSE_DIST_TIMEOUT`` or 600 s).
     """
     info = detect_env()
     dev = choose_device(device, info.local_rank)
@@ -237,27 +299,21 @@ def init_distributed(
 
     if timeout_s is None:
         timeout_s = float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
-    # torch's env:// rendezvous reads these; Slurm and MPI do not set them.
+    if join_timeout_s is None:
+        join_timeout_s = float(os.environ.get("COURSE_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S))
+    # Slurm and MPI do not set these; torch's rendezvous needs them.
     os.environ.setdefault("MASTER_ADDR", info.master_addr)
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    backend = backend or choose_backend(dev.type)
-    try:
-        dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=info.rank,
-            world_size=info.world_size,
-            timeout=_dt.timedelta(seconds=timeout_s),
-        )
-    except Exception as exc:  # the raw error names neither the peer nor the address
-        raise RuntimeError(
-            f"rank {info.rank}/{info.world_size} could not join the process group at "
-            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {timeout_s:.0f} s "
-            f"(launcher: {info.launcher}). Check that every rank started and that the "
-            f"address is reachable from this node. Cause: {exc}"
-        ) from exc
+    store = _rendezvous(info, join_timeout_s)
+    dist.init_process_group(
+        backend=backend or choose_backend(dev.type),
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=_dt.timedelta(seconds=timeout_s),
+    )
     return info, dev
 
 
