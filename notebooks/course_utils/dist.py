@@ -351,6 +351,21 @@ def print0(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
+def print_ranks(text: str) -> None:
+    """Print every rank's ``text`` from rank 0, in rank order.
+
+    A collective: every rank must call it. Lines printed by each rank directly
+    would interleave at random through the launcher's pipes.
+    """
+    if not is_initialized():
+        print(text, flush=True)
+        return
+    texts: list[Any] = [None] * get_world_size()
+    dist.all_gather_object(texts, text)
+    if is_main_process():
+        print("\n".join(str(t) for t in texts), flush=True)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now, for one rendezvous on this machine."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
