@@ -24,7 +24,7 @@ from course_utils import dist as cdist
 from course_utils.checkpoint import ensure_writable_dir
 from course_utils.data import DATASETS, DatasetMissingError, get_datasets, make_loader
 from course_utils.models import MODELS, build_model, count_parameters
-from course_utils.trainer import PRECISIONS, TrainConfig, Trainer, history_table
+from course_utils.trainer import PRECISIONS, TrainConfig, Trainer, history_table, scaled_lr
 
 
 def positive_int(text: str) -> int:
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch-size", type=positive_int, default=128, help="per rank; global = this x world size")
     m.add_argument("--lr", type=positive_float, default=0.05)
     m.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimiser step")
+    m.add_argument("--scale-lr", action="store_true",
+                   help="linear scaling rule: lr x world size x grad-accum (lr is per rank-batch)")
+    m.add_argument("--warmup-epochs", type=float, default=0.0, help="linear lr warm-up")
     m.add_argument("--steps-per-epoch", type=positive_int, default=None, help="cap batches per epoch")
     m.add_argument("--seed", type=int, default=0)
     s = p.add_argument_group("speed")
@@ -73,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cudnn-benchmark", action="store_true", help="autotune cuDNN convolutions")
     s.add_argument("--channels-last", action="store_true")
     s.add_argument("--compile", action="store_true", help="torch.compile the model")
+    s.add_argument("--bucket-cap-mb", type=positive_float, default=25.0, help="DDP gradient bucket size")
+    s.add_argument("--grad-as-bucket-view", action="store_true", help="DDP: gradients as views into buckets")
     o = p.add_argument_group("output")
     o.add_argument("--ckpt-dir", default=None, help="write last.pt here each epoch; resume from it")
     o.add_argument("--log-dir", default=None, help="TensorBoard event files")
@@ -117,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         cdist.print0(
             f"{args.model}: {count_parameters(model) / 1e6:.2f} M parameters on {device}; "
             f"{args.dataset}: {len(train_ds)} train / {len(val_ds)} val images; "
-            f"global batch {args.batch_size * info.world_size * args.grad_accum}"
+            f"global batch {args.batch_size * info.world_size * args.grad_accum}, "
+            f"lr {scaled_lr(args.lr, info.world_size, args.grad_accum) if args.scale_lr else args.lr:g}"
         )
+        lr = scaled_lr(args.lr, info.world_size, args.grad_accum) if args.scale_lr else args.lr
         config = TrainConfig(
-            epochs=args.epochs, lr=args.lr, precision=args.precision, tf32=args.tf32,
+            epochs=args.epochs, lr=lr, warmup_epochs=args.warmup_epochs,
+            bucket_cap_mb=args.bucket_cap_mb, grad_as_bucket_view=args.grad_as_bucket_view, precision=args.precision, tf32=args.tf32,
             cudnn_benchmark=args.cudnn_benchmark, channels_last=args.channels_last,
             compile=args.compile, grad_accum=args.grad_accum,
             steps_per_epoch=args.steps_per_epoch, log_dir=args.log_dir, ckpt_dir=args.ckpt_dir,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODELS = ("cnn", "resnet18")
+MODELS = ("cnn", "cnn-gn", "resnet18")
 
 
 class SmallCNN(nn.Module):
@@ -18,19 +18,26 @@ class SmallCNN(nn.Module):
     would make two equivalent runs differ for reasons that are not the lesson.
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 32) -> None:
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 32,
+                 norm: str = "batch") -> None:
         super().__init__()
+
+        def norm_layer(c: int) -> nn.Module:
+            # BatchNorm statistics depend on the batch a rank sees; GroupNorm's are
+            # per image, so N ranks x B images compute exactly what 1 x N*B would.
+            return nn.BatchNorm2d(c) if norm == "batch" else nn.GroupNorm(8, c)
+
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, width, 3, padding=1),
-            nn.BatchNorm2d(width),
+            norm_layer(width),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1),
-            nn.BatchNorm2d(2 * width),
+            norm_layer(2 * width),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Conv2d(2 * width, 2 * width, 3, padding=1),
-            nn.BatchNorm2d(2 * width),
+            norm_layer(2 * width),
             nn.ReLU(inplace=True),
             nn.AdaptiveAvgPool2d(1),
         )
@@ -83,9 +90,11 @@ class ResNet18(nn.Module):
 
 
 def build_model(name: str, in_channels: int = 3, num_classes: int = 10) -> nn.Module:
-    """``cnn`` or ``resnet18``."""
+    """``cnn``, ``cnn-gn`` (GroupNorm: batch-split invariant) or ``resnet18``."""
     if name == "cnn":
         return SmallCNN(in_channels, num_classes)
+    if name == "cnn-gn":
+        return SmallCNN(in_channels, num_classes, norm="group")
     if name == "resnet18":
         return ResNet18(in_channels, num_classes)
     raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")

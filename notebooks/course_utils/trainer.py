@@ -60,6 +60,20 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cudnn.allow_tf32 = enabled
 
 
+def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Ramp the learning rate from lr/steps to lr over ``steps`` optimiser steps, then hold it.
+
+    With the linear scaling rule (lr grows with the global batch), the first
+    steps at full rate can diverge; a short warm-up avoids that.
+    """
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / steps))
+
+
+def scaled_lr(base_lr: float, world_size: int, grad_accum: int = 1) -> float:
+    """Linear scaling rule: the global batch grew by world_size x grad_accum, so does the lr."""
+    return base_lr * world_size * grad_accum
+
+
 @dataclass
 class TrainConfig:
     epochs: int = 1
@@ -72,6 +86,9 @@ class TrainConfig:
     channels_last: bool = False
     compile: bool = False
     grad_accum: int = 1
+    warmup_epochs: float = 0.0  # linear learning-rate warm-up (Goyal et al. 2017)
+    bucket_cap_mb: float = 25.0  # DDP: gradients are all-reduced in buckets of this size
+    grad_as_bucket_view: bool = False  # DDP: gradients live in the buckets (no copy)
     steps_per_epoch: int | None = None  # cap, for quick runs and benchmarks
     log_dir: str | None = None  # TensorBoard event files (rank 0)
     ckpt_dir: str | None = None  # last.pt written atomically each epoch (rank 0)
@@ -123,7 +140,8 @@ class Trainer:
         net: nn.Module = self.raw_model
         if cdist.get_world_size() > 1:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            net = DDP(net, device_ids=ids)
+            net = DDP(net, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
+                      gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
         self.ddp = net if isinstance(net, DDP) else None
         if self.cfg.compile:
             net = torch.compile(net)
@@ -136,6 +154,8 @@ class Trainer:
             momentum=self.cfg.momentum,
             weight_decay=self.cfg.weight_decay,
         )
+        if scheduler is None and self.cfg.warmup_epochs > 0:
+            scheduler = linear_warmup(self.optimizer, self._warmup_steps())
         self.scheduler = scheduler
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
@@ -153,6 +173,12 @@ class Trainer:
             self.load(self.ckpt_path)
 
     # ------------------------------------------------------------------ #
+    def _warmup_steps(self) -> int:
+        batches = len(self.train_loader)
+        if self.cfg.steps_per_epoch:
+            batches = min(batches, self.cfg.steps_per_epoch)
+        return max(1, round(self.cfg.warmup_epochs * batches / self.cfg.grad_accum))
+
     @property
     def ckpt_path(self) -> Path:
         return Path(self.cfg.ckpt_dir or ".") / "last.pt"
