@@ -98,6 +98,9 @@ def run_script(
     """
     path = script_path(str(script))
     prefix = torchrun_command(nproc) if nproc else [sys.executable]
+    if nproc and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in (env or {}):
+        # share the cores between ranks instead of oversubscribing them
+        env = {**(env or {}), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
     cmd = [*prefix, str(path), *map(str, args)]
     return run_command(cmd, timeout=timeout, env=env, check=check, echo=echo, cwd=cwd)
 

@@ -1,0 +1,64 @@
+"""Scaling runs: the same ``scripts/train.py`` under torchrun with 1, 2, ... ranks.
+
+Weak scaling keeps the batch *per rank* fixed, so N ranks do N times the work
+per step; perfect scaling keeps images/s per rank constant, and
+``efficiency(N) = per-rank images/s at N / per-rank images/s at 1``.
+On CPUs every rank gets the same number of threads in every run
+(``threads_per_rank``); otherwise one rank would get the whole machine and
+the comparison would measure threads, not communication.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from .launch import run_script
+
+
+def parse_result(output: str) -> dict:
+    """The ``RESULT {json}`` line that scripts/train.py prints last."""
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        raise ValueError("the run printed no RESULT line; see its output above")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def measure_scaling(
+    world_sizes: Sequence[int],
+    train_args: Sequence[str],
+    threads_per_rank: int | None = None,
+    timeout: float = 900,
+    echo: bool = False,
+) -> list[dict]:
+    """Run train.py once per world size; one row per run with throughput and efficiency."""
+    rows: list[dict] = []
+    for n in world_sizes:
+        env = {"OMP_NUM_THREADS": str(threads_per_rank)} if threads_per_rank else {}
+        run = run_script("train.py", [*map(str, train_args), "--no-progress"], nproc=n if n > 1 else None,
+                         timeout=timeout, echo=echo, env=env)
+        result = parse_result(run.output)
+        rows.append({"world_size": n, "per_rank": result["images_per_s_per_rank"],
+                     "total": result["images_per_s_per_rank"] * n, "seconds": run.seconds,
+                     "device": result["device"]})
+    base = rows[0]["per_rank"] if rows else float("nan")
+    for row in rows:
+        row["efficiency"] = row["per_rank"] / base
+    return rows
+
+
+def default_threads_per_rank(max_world: int) -> int:
+    """Cores this process may use, shared evenly by the largest run's ranks."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max_world)
+
+
+def scaling_table(rows: list[dict]) -> str:
+    out = [f"{'ranks':>5s} {'img/s per rank':>15s} {'img/s total':>12s} {'efficiency':>10s}"]
+    for r in rows:
+        out.append(f"{r['world_size']:5d} {r['per_rank']:15,.0f} {r['total']:12,.0f} {100 * r['efficiency']:9.0f}%")
+    return "\n".join(out)

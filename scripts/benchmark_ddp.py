@@ -1,0 +1,60 @@
+#!/usr/bin/env python
+"""Weak scaling of DDP on one node: scripts/train.py under torchrun with
+1, 2, 4, ... ranks, the batch per rank fixed. Prints a table and writes JSON.
+
+    python scripts/benchmark_ddp.py --world-sizes 1 2 4 8 --model resnet18 --batch-size 128
+    python scripts/benchmark_ddp.py --device cpu --world-sizes 1 2 4 8   # gloo ranks on CPU cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from course_utils import pick
+from course_utils.models import MODELS
+from course_utils.scaling import default_threads_per_rank, measure_scaling, scaling_table
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gpus = torch.cuda.device_count()
+    p.add_argument("--world-sizes", type=int, nargs="+", default=None,
+                   help="default: 1, 2, 4, ... up to the GPUs here (2 on a CPU)")
+    p.add_argument("--model", choices=MODELS, default=pick(ci="cnn", full="resnet18"))
+    p.add_argument("--batch-size", type=int, default=pick(ci=32, full=128), help="per rank")
+    p.add_argument("--steps", type=int, default=pick(ci=10, full=60))
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--workers", type=int, default=pick(ci=0, full=4))
+    p.add_argument("--threads-per-rank", type=int, default=None, help="CPU threads per rank (CPU runs)")
+    p.add_argument("--json", type=Path, default=Path("runs/benchmark_ddp.json"))
+    args = p.parse_args()
+    sizes = args.world_sizes or [n for n in (1, 2, 4, 8, 16) if n <= max(gpus, 2)]
+    if any(n < 1 for n in sizes) or args.batch_size < 1 or args.steps < 1:
+        p.error("world sizes, --batch-size and --steps must be >= 1")
+    on_gpu = args.device != "cpu" and gpus > 0
+    if on_gpu and max(sizes) > gpus:
+        p.error(f"--world-sizes up to {max(sizes)} but only {gpus} GPUs here; use --device cpu for gloo ranks")
+    threads = None if on_gpu else (args.threads_per_rank or default_threads_per_rank(max(sizes)))
+    steps = args.steps + 2  # the Trainer does not time its first 2 steps
+    train_args = ["--model", args.model, "--batch-size", args.batch_size, "--epochs", 1,
+                  "--steps-per-epoch", steps, "--n-train", args.batch_size * steps * max(sizes),
+                  "--n-val", 64, "--workers", args.workers, "--device", args.device, "--precision", args.precision]
+    where = torch.cuda.get_device_name(0) if on_gpu else f"CPU, {threads} thread(s) per rank"
+    print(f"weak scaling of {args.model}, batch {args.batch_size} per rank, on {where}")
+    rows = measure_scaling(sizes, train_args, threads_per_rank=threads)
+    print(scaling_table(rows))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"model": args.model, "batch_per_rank": args.batch_size, "where": where,
+                                     "rows": rows}, indent=2))
+    print(f"efficiency at {rows[-1]['world_size']} ranks: {100 * rows[-1]['efficiency']:.0f}%  (written to {args.json})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
