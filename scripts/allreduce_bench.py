@@ -46,6 +46,7 @@ def main() -> int:
     p.add_argument("--max-mib", type=int, default=16)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--no-ring", action="store_true", help="time only the built-in all_reduce")
+    p.add_argument("--check-only", action="store_true", help="only compare the ring with dist.all_reduce")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.min_kib < 1 or args.max_mib * 1024 < args.min_kib or args.iters < 1:
@@ -64,7 +65,7 @@ def main() -> int:
         cdist.print0(f"ring all-reduce vs dist.all_reduce on sizes {sizes}: int64 identical: {exact}; "
                      f"float64 max relative difference {err:.1e}")
         rows = []
-        nbytes = args.min_kib * 1024
+        nbytes = args.min_kib * 1024 if not args.check_only else args.max_mib * 2**20 + 1
         cdist.print0(f"\n{'bytes':>12s} {'impl':>8s} {'time ms':>9s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}")
         while nbytes <= args.max_mib * 2**20:
             x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)

@@ -106,3 +106,28 @@ def test_models_have_expected_sizes():
         for name in ("cnn", "resnet18"):
             out = build_model(name, channels)(torch.randn(2, channels, size, size))
             assert out.shape == (2, 10)
+
+
+def test_linear_warmup_and_scaling_rule():
+    from course_utils.trainer import linear_warmup, scaled_lr
+
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.8)
+    sched = linear_warmup(opt, 4)
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    assert scaled_lr(0.1, 4, 2) == pytest.approx(0.8)
+
+
+def test_groupnorm_cnn_does_not_depend_on_the_batch_split():
+    torch.manual_seed(0)
+    model = build_model("cnn-gn").train()
+    x = torch.randn(8, 3, 32, 32)
+    whole = model(x)
+    halves = torch.cat([model(x[:4]), model(x[4:])])
+    torch.testing.assert_close(whole, halves, rtol=1e-5, atol=1e-6)
+    bn = build_model("cnn").train()
+    assert not torch.allclose(bn(x), torch.cat([bn(x[:4]), bn(x[4:])]), atol=1e-4), "BatchNorm does"

@@ -1,0 +1,119 @@
+"""Real process groups (torchrun + gloo): the guarantees notebooks 02-03 teach."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from torch.utils.data import DistributedSampler
+
+from course_utils.dist import free_port
+from course_utils.launch import REPO_ROOT, child_env, run_script
+from course_utils.scaling import parse_result
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_hand_written_ring_equals_all_reduce(world):
+    run = run_script("allreduce_bench.py", ["--check-only"], nproc=world, timeout=300, echo=False)
+    result = parse_result(run.output)
+    assert result["world_size"] == world
+    assert result["ring_int_exact"], "integer sums must match exactly"
+    assert result["ring_max_rel_diff"] < 1e-12
+
+
+def test_ddp_gradients_identical_and_n_by_b_equals_one_by_nb():
+    run = run_script("ddp_checks.py", ["--steps", "4"], nproc=2, timeout=300, echo=False)
+    r = parse_result(run.output)
+    assert r["local_grads_differed"] and r["grads_identical"]
+    assert r["ranks_identical"] and r["within_tolerance"] and r["steps"] == 4
+    assert r["max_moved"] > 100 * max(r["max_abs_diff"], 1e-9)
+
+
+@pytest.mark.parametrize("world, n", [(2, 12), (3, 12), (4, 100)])
+def test_distributed_sampler_partitions_and_reshuffles(world, n):
+    data = list(range(n))
+    epochs = []
+    for epoch in range(3):
+        parts = []
+        for rank in range(world):
+            s = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+            s.set_epoch(epoch)
+            parts.append(list(s))
+        flat = [i for p in parts for i in p]
+        assert len(flat) == len(set(flat)), "no index on two ranks"
+        usable = n - n % world
+        assert len(flat) == usable and len({len(p) for p in parts}) == 1
+        if n % world == 0:
+            assert sorted(flat) == data, "every index exactly once per epoch"
+        epochs.append(parts)
+    assert epochs[0] != epochs[1] != epochs[2], "set_epoch reshuffles"
+
+
+def test_three_torchrun_jobs_at_once_do_not_clash():
+    results, errors = {}, []
+
+    def job(i):
+        try:
+            results[i] = run_script("collectives_demo.py", ["--ops", "all_reduce", "broadcast", "barrier"],
+                                    nproc=2, timeout=300, echo=False)
+        except Exception as exc:  # collected, asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=job, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for run in results.values():
+        assert all(parse_result(run.output)["checks"].values())
+
+
+def _alive_with_marker(marker: str) -> list[int]:
+    pids = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    if marker.encode() in fh.read():
+                        pids.append(int(pid))
+            except OSError:
+                pass
+    return pids
+
+
+def _start_alone(rank: int, world: int, port: int, marker: str, extra_env: dict | None = None):
+    env = child_env({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), **(extra_env or {})})
+    for var in ("COURSE_JOIN_TIMEOUT", "TORCHELASTIC_USE_AGENT_STORE"):
+        if var not in (extra_env or {}):
+            env.pop(var, None)
+    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "train.py"), "--epochs", "1", "--workers", "0",
+           "--log-dir", f"/tmp/{marker}"]
+    start = time.monotonic()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    return out, time.monotonic() - start
+
+
+def test_missing_peer_fails_within_60s_naming_it():
+    port, marker = free_port(), f"course-missing-peer-{os.getpid()}"
+    out, seconds = _start_alone(0, 2, port, marker)  # world size 2, only rank 0 started
+    message = out.stderr + out.stdout
+    assert out.returncode != 0 and seconds < 60, (seconds, message[-2000:])
+    assert "rank(s) 1 of 2 never joined" in message and f"127.0.0.1:{port}" in message
+    assert "Traceback" not in message
+    assert _alive_with_marker(marker) == [], "no process may be left behind"
+    with socket.socket() as s:  # the rendezvous port is free again
+        s.bind(("127.0.0.1", port))
+
+
+def test_worker_without_rank_zero_names_the_address():
+    port, marker = free_port(), f"course-missing-master-{os.getpid()}"
+    out, seconds = _start_alone(1, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "10"})
+    message = out.stderr + out.stdout
+    assert out.returncode != 0 and seconds < 60
+    assert f"could not reach rank 0's rendezvous at 127.0.0.1:{port}" in message
+    assert _alive_with_marker(marker) == []
