@@ -331,24 +331,27 @@ def make_loader(
 ) -> DataLoader:
     """A DataLoader that is right under any launcher.
 
-    With a process group of several ranks it uses a ``DistributedSampler``
-    (each rank sees a disjoint 1/world-size slice; call :func:`set_epoch`
-    every epoch so the shuffle changes). ``batch_size`` is per rank.
+    It uses a ``DistributedSampler`` whenever it shuffles or runs on several
+    ranks: each rank sees a disjoint 1/world-size slice, and the order of
+    epoch ``e`` depends only on ``(seed, e)`` -- call :func:`set_epoch` every
+    epoch -- so a job resumed from a checkpoint sees exactly the batches the
+    uninterrupted job would have. ``batch_size`` is per rank.
     """
     sampler = None
-    if cdist.get_world_size() > 1:
+    world = cdist.get_world_size()
+    if shuffle or world > 1:
         sampler = DistributedSampler(
-            dataset, shuffle=shuffle, seed=seed, drop_last=drop_last
+            dataset, num_replicas=world, rank=cdist.get_rank(), shuffle=shuffle, seed=seed,
+            drop_last=drop_last,
         )
     kwargs: dict = {}
     if workers > 0:
         kwargs["persistent_workers"] = persistent_workers
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
-    return DataLoader(
+    loader = DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=shuffle if sampler is None else False,
         sampler=sampler,
         num_workers=workers,
         pin_memory=pin_memory,
@@ -356,12 +359,18 @@ def make_loader(
         generator=torch.Generator().manual_seed(seed),
         **kwargs,
     )
+    loader.course_seed = seed  # type: ignore[attr-defined]  # read by set_epoch
+    return loader
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Reshuffle a distributed loader for ``epoch`` (no-op otherwise)."""
+    """Make ``epoch``'s order and worker seeds a function of (seed, epoch) only."""
     if isinstance(loader.sampler, DistributedSampler):
         loader.sampler.set_epoch(epoch)
+    seed = getattr(loader, "course_seed", None)
+    if seed is not None and loader.generator is not None:
+        # worker processes draw their augmentation seeds from this generator
+        loader.generator.manual_seed(seed * 100_003 + epoch)
 
 
 # --------------------------------------------------------------------------- #

@@ -318,8 +318,18 @@ def init_distributed(
 
 
 def cleanup() -> None:
-    """Leave the process group (if any) so the process exits without warnings."""
+    """Leave the process group (if any) so the process exits without warnings.
+
+    All ranks meet at a barrier first, so none tears down its connections while
+    a peer is still using them. After an error on one rank, the others would
+    wait there; it is skipped then (``sys.exc_info()`` is set in ``finally``).
+    """
     if dist.is_available() and dist.is_initialized():
+        if sys.exc_info()[0] is None:
+            try:
+                dist.barrier()
+            except Exception:
+                pass
         dist.destroy_process_group()
 
 

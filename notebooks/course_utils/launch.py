@@ -171,7 +171,8 @@ def run_command(
     return result
 
 
-def _tail(text: str, n: int = 20) -> str:
+def _tail(text: str, n: int = 80) -> str:
+    # long enough to show a rank's own error above torchrun's failure summary
     return "\n".join(text.splitlines()[-n:])
 
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -315,6 +317,7 @@ class Trainer:
             "global_step": self.global_step,
             "history": [asdict(h) for h in self.history],
             "config": asdict(self.cfg),
+            "rng": rng_state(),
         }
 
     def save(self, path: str | Path) -> None:
@@ -333,7 +336,31 @@ class Trainer:
         self.epoch = state["epoch"]
         self.global_step = state["global_step"]
         self.history = [EpochStats(**h) for h in state["history"]]
+        if state.get("rng") is not None:
+            set_rng_state(state["rng"])
         cdist.print0(f"resumed from {path} at epoch {self.epoch}")
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random stream a training step draws from (augmentation in the main
+    process, dropout), so a resumed run continues exactly where it stopped.
+
+    Every rank seeds the same way and draws the same number of values per
+    step, so rank 0's state, saved in the checkpoint, is every rank's state.
+    """
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def history_table(history: list[EpochStats]) -> str:
