@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cdist.print0(cdist.describe(info))
+        hosts = cdist.ranks_per_host()
+        cdist.print0("ranks per host: " + ", ".join(f"{h} x{n}" for h, n in sorted(hosts.items())))
         torch.manual_seed(args.seed)  # same initial weights on every rank
         try:
             train_ds, val_ds, meta = get_datasets(
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         last = history[-1] if history else None
         result = {
             "world_size": info.world_size,
+            "hosts": hosts,
             "device": str(device),
             "epochs": trainer.epoch,
             "train_loss": [h.train_loss for h in history],

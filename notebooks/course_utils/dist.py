@@ -376,6 +376,17 @@ def print_ranks(text: str) -> None:
         print("\n".join(str(t) for t in texts), flush=True)
 
 
+def ranks_per_host() -> dict[str, int]:
+    """How many ranks run on each host (a collective; 1 on this host without a group)."""
+    hosts: list[Any] = [socket.gethostname()] * get_world_size()
+    if is_initialized():
+        dist.all_gather_object(hosts, socket.gethostname())
+    counts: dict[str, int] = {}
+    for h in hosts:
+        counts[h] = counts.get(h, 0) + 1
+    return counts
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now, for one rendezvous on this machine."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
