@@ -69,9 +69,9 @@ def main() -> int:
         cdist.print0(f"\n{'bytes':>12s} {'impl':>8s} {'time ms':>9s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}")
         while nbytes <= args.max_mib * 2**20:
             x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-            impls = {"builtin": lambda: dist.all_reduce(x)}
+            impls = {"builtin": lambda x=x: dist.all_reduce(x)}
             if not args.no_ring:
-                impls["ring"] = lambda: ring_all_reduce(x)
+                impls["ring"] = lambda x=x: ring_all_reduce(x)
             for name, fn in impls.items():
                 seconds = time_op(fn, device, iters=args.iters)
                 alg, bus = bandwidths("all_reduce", nbytes, seconds, n)

@@ -52,7 +52,8 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"model": args.model, "batch_per_rank": args.batch_size, "where": where,
                                      "rows": rows}, indent=2))
-    print(f"efficiency at {rows[-1]['world_size']} ranks: {100 * rows[-1]['efficiency']:.0f}%  (written to {args.json})")
+    last = rows[-1]
+    print(f"efficiency at {last['world_size']} ranks: {100 * last['efficiency']:.0f}%  (written to {args.json})")
     return 0
 
 

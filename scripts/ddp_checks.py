@@ -113,8 +113,9 @@ def main() -> int:
         cdist.print0(
             f"{info.world_size} ranks x batch {args.batch_size} vs 1 process x batch "
             f"{info.world_size * args.batch_size}, {eq['steps']} SGD steps: max |difference| "
-            f"{eq['max_abs_diff']:.2e} (training moved parameters by up to {eq['max_moved']:.2e}); within atol={ATOL:g}, "
-            f"rtol={RTOL:g}: {eq['within_tolerance']}; all ranks identical: {eq['ranks_identical']}"
+            f"{eq['max_abs_diff']:.2e} (training moved parameters by up to {eq['max_moved']:.2e}); "
+            f"within atol={ATOL:g}, rtol={RTOL:g}: {eq['within_tolerance']}; "
+            f"all ranks identical: {eq['ranks_identical']}"
         )
         ok = (identical and differed and eq["within_tolerance"] and eq["ranks_identical"]
               and eq["max_moved"] > 100 * ATOL)

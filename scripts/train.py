@@ -20,6 +20,7 @@ import sys
 import time
 
 import torch
+
 from course_utils import dist as cdist
 from course_utils.checkpoint import ensure_writable_dir
 from course_utils.data import DATASETS, DatasetMissingError, get_datasets, make_loader
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         lr = scaled_lr(args.lr, info.world_size, args.grad_accum) if args.scale_lr else args.lr
         config = TrainConfig(
             epochs=args.epochs, lr=lr, warmup_epochs=args.warmup_epochs,
-            bucket_cap_mb=args.bucket_cap_mb, grad_as_bucket_view=args.grad_as_bucket_view, precision=args.precision, tf32=args.tf32,
+            bucket_cap_mb=args.bucket_cap_mb, grad_as_bucket_view=args.grad_as_bucket_view,
+            precision=args.precision, tf32=args.tf32,
             cudnn_benchmark=args.cudnn_benchmark, channels_last=args.channels_last,
             compile=args.compile, grad_accum=args.grad_accum,
             steps_per_epoch=args.steps_per_epoch, log_dir=args.log_dir, ckpt_dir=args.ckpt_dir,

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+
 from course_utils.checkpoint import ensure_writable_dir, load_checkpoint, save_checkpoint
 
 

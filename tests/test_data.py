@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+
 from course_utils import data
 from course_utils.models import build_model
 from course_utils.trainer import TrainConfig, Trainer

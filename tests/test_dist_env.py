@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from course_utils import dist as cdist
 
 

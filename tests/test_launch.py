@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+
 from course_utils.launch import LaunchError, run_command, run_script
 
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from course_utils import profile
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from course_utils import data
 from course_utils.models import build_model
 from course_utils.trainer import TrainConfig, Trainer

@@ -61,7 +61,8 @@ def test_every_script_completes_with_the_expected_output(cluster):
         recs = records[job_id]
         states = {(r["JobState"], r["ExitCode"]) for r in recs}
         report.append(f"{script.relative_to(ROOT)}: job {job_id} {sorted(states)}")
-        assert states == {("COMPLETED", "0:0")}, "\n".join([report[-1]] + [p.read_text()[-3000:] for p in logs_of(job_id, recs)])
+        tails = [p.read_text()[-3000:] for p in logs_of(job_id, recs)]
+        assert states == {("COMPLETED", "0:0")}, "\n".join([report[-1], *tails])
         for log in logs_of(job_id, recs):
             res = results(log)
             assert len(res) == 1, f"{log}: one RESULT line, from rank 0 only"

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
 from course_utils import data
 from course_utils.models import build_model, count_parameters
 from course_utils.trainer import TrainConfig, Trainer, resolve_precision
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 
 def _linear_problem(n=64, seed=0):
