@@ -13,7 +13,9 @@ answer 0 and 1 when no process group exists.
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
+import gc
 import itertools
 import os
 import re
@@ -249,8 +251,12 @@ def _rendezvous(info: DistEnv, join_timeout_s: float) -> dist.Store:
             f"within {join_timeout_s:.0f} s. Is rank 0 running, and is {addr} reachable from "
             f"{socket.gethostname()}? (launcher: {info.launcher}; cause: {exc})"
         ) from exc
-    # A restarted torchrun worker group reuses the agent's store: keep attempts apart.
-    prefix = f"course/join/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    # A restarted torchrun worker group reuses the agent's store: every key of this
+    # attempt (ours and gloo/NCCL's addresses) must live apart from the last attempt's,
+    # or the new ranks would dial the dead ones (torch's env:// handler does the same).
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
+    prefix = "course/join/"
     store.set(prefix + str(info.rank), socket.gethostname())
     if info.rank == 0:
         deadline = time.monotonic() + join_timeout_s
@@ -307,6 +313,7 @@ def init_distributed(
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     store = _rendezvous(info, join_timeout_s)
+    atexit.register(_release_at_exit)
     dist.init_process_group(
         backend=backend or choose_backend(dev.type),
         store=store,
@@ -315,6 +322,20 @@ def init_distributed(
         timeout=_dt.timedelta(seconds=timeout_s),
     )
     return info, dev
+
+
+def _release_at_exit() -> None:
+    """Free process groups while the interpreter is still alive.
+
+    DDP modules keep a reference to their process group inside reference
+    cycles; left to interpreter finalization, gloo's worker threads are torn
+    down without the GIL and the process can abort ("terminate called without
+    an active exception") after all its work is done. Collecting here, before
+    finalization, releases them cleanly.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def cleanup() -> None:
