@@ -1,0 +1,10 @@
+# shellcheck shell=bash
+# CESGA FT3: activate the course environment in an interactive shell or job:  source envs/ft3/activate.sh
+# The sbatch scripts in slurm/ft3/ do the same through COURSE_MODULES / COURSE_CONDA_ENV.
+export COURSE_MODULES="${COURSE_MODULES-cesga/system miniconda3/22.11}"
+export COURSE_CONDA_ENV="${COURSE_CONDA_ENV:-${STORE:-$HOME}/conda/envs/distdl}"
+if [[ -n "$COURSE_MODULES" ]] && type module >/dev/null 2>&1; then
+    # shellcheck disable=SC2086  # a list of module names
+    module load $COURSE_MODULES
+fi
+eval "$(conda shell.bash hook)" && conda activate "$COURSE_CONDA_ENV"
