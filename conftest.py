@@ -1,9 +1,15 @@
-"""Print how long each notebook took under nbval (summed over its cells)."""
+"""Session-wide hooks: per-notebook times, and the Slurm test cluster for notebook 04."""
 
+import importlib.util
+import sys
 from collections import defaultdict
+from pathlib import Path
+
+import pytest
 
 
 def pytest_terminal_summary(terminalreporter):
+    """Print how long each notebook took under nbval (summed over its cells)."""
     seconds: dict[str, float] = defaultdict(float)
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -14,3 +20,30 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("notebook times")
         for path, total in sorted(seconds.items()):
             terminalreporter.write_line(f"{total:7.1f} s  {path}")
+
+
+def _slurm_cluster_module():
+    """tests/slurm_cluster.py, imported once under the name the Slurm tests use."""
+    if "slurm_cluster" not in sys.modules:
+        path = Path(__file__).parent / "tests" / "slurm_cluster.py"
+        spec = importlib.util.spec_from_file_location("slurm_cluster", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["slurm_cluster"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["slurm_cluster"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # Notebook 04 submits real jobs when it finds a cluster: start the test cluster
+    # (where this machine can run one) before the notebook's kernel starts.
+    if item.nodeid.split("::")[0].endswith(".ipynb") and "/04_" in "/" + item.nodeid:
+        module = _slurm_cluster_module()
+        if module.unavailable_reason() is None:
+            module.shared()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    module = sys.modules.get("slurm_cluster")
+    if module is not None:
+        module.stop_shared()

@@ -54,10 +54,7 @@ def main() -> int:
     info, device = cdist.init_distributed()
     try:
         n = info.world_size
-        if n < 2:
-            print("error: run under a launcher with >= 2 processes, e.g. torchrun --standalone "
-                  "--nproc-per-node=4 scripts/allreduce_bench.py", file=sys.stderr)
-            return 2
+        cdist.require_processes(2, "allreduce_bench.py")
         backend = dist.get_backend()
         sizes = [1, n - 1, n + 1, 1000, 1001, 65_537]
         exact, err = check_ring(device, sizes)

@@ -127,10 +127,7 @@ def main() -> int:
     args = p.parse_args()
     info, device = cdist.init_distributed()
     try:
-        if info.world_size < 2:
-            print("error: run this under a launcher with at least 2 processes, e.g.\n"
-                  "  torchrun --standalone --nproc-per-node=4 scripts/collectives_demo.py", file=sys.stderr)
-            return 2
+        cdist.require_processes(2, "collectives_demo.py")
         cdist.print0(f"{info.world_size} ranks, backend {dist.get_backend()}, device {device.type}")
         results = {op: demo(op, info.rank, info.world_size, device) for op in args.ops}
         cdist.print0("\nRESULT " + json.dumps({"world_size": info.world_size, "checks": results}))

@@ -73,9 +73,7 @@ def main() -> int:
     args = p.parse_args()
     info, device = cdist.init_distributed()
     try:
-        if info.world_size < 2:
-            print("error: run under torchrun with >= 2 processes", file=sys.stderr)
-            return 2
+        cdist.require_processes(2, "ddp_buckets.py")
         mib = count_parameters(build_model(args.model)) * 4 / 2**20
         cdist.print0(f"{args.model}: {mib:.1f} MiB of fp32 gradients; {info.world_size} ranks, {dist.get_backend()}")
         rows = [measure(args.model, device, cap, False, args.batch_size, args.steps) for cap in args.caps]

@@ -102,10 +102,7 @@ def main() -> int:
     args = p.parse_args()
     info, device = cdist.init_distributed()
     try:
-        if info.world_size < 2:
-            print("error: run under a launcher with >= 2 processes, e.g. torchrun --standalone "
-                  "--nproc-per-node=2 scripts/ddp_checks.py", file=sys.stderr)
-            return 2
+        cdist.require_processes(2, "ddp_checks.py")
         identical, differed = gradients_identical(device, args.batch_size)
         cdist.print0(f"{info.world_size} ranks ({dist.get_backend()}): local gradients differ between ranks: "
                      f"{differed}; after DDP's all-reduce, bit-identical on every rank: {identical}")

@@ -116,10 +116,7 @@ def main() -> int:
     info, device = cdist.init_distributed("cpu")  # point-to-point on CPU tensors: gloo everywhere
     try:
         n = info.world_size
-        if n < 3:
-            print("error: needs >= 3 processes (a server and two workers), e.g. torchrun --standalone "
-                  "--nproc-per-node=4 scripts/param_server.py", file=sys.stderr)
-            return 2
+        cdist.require_processes(3, "param_server.py", " (a server and two workers)")
         numel = int(args.mib * 2**20 / 4)
         nbytes = numel * 4
         cdist.print0(f"{n} ranks; gradient {args.mib:g} MiB; compute {args.compute_ms:g} ms/step; "

@@ -15,7 +15,6 @@ machine has. ``auth/none`` means no munge. Needs root and Debian's
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -227,42 +226,25 @@ class SlurmTestCluster:
             if not quiet:
                 raise
 
-    # ------------------------------------------------------------------ #
-    def sbatch(self, script: str | Path, *options: str, env: dict[str, str] | None = None,
-               cwd: str | Path | None = None) -> int:
-        cmd = ["sbatch", "--parsable", *options, str(script)]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd,
-                             env={**os.environ, **self.env, **(env or {})})
-        if out.returncode != 0:
-            raise ClusterError(f"{' '.join(cmd)}: {out.stderr.strip()}")
-        return int(out.stdout.strip().split(";")[0])
 
-    def job(self, job_id: int) -> dict[str, str]:
-        """``scontrol show job`` as a dict (array jobs: the first task)."""
-        out = _run("scontrol", "show", "job", "-o", str(job_id), check=False)
-        if out.returncode != 0 or not out.stdout.strip():
-            return {}
-        first = out.stdout.strip().splitlines()[0]
-        return dict(re.findall(r"(\w+)=(\S*)", first))
+_shared: SlurmTestCluster | None = None
 
-    def jobs(self, job_id: int) -> list[dict[str, str]]:
-        out = _run("scontrol", "show", "job", "-o", str(job_id), check=False)
-        return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.strip().splitlines() if line]
 
-    def wait(self, job_ids: list[int], timeout: float = 300) -> dict[int, list[dict[str, str]]]:
-        """Poll until every job (and array task) has ended; their scontrol records."""
-        deadline = time.time() + timeout
-        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED")
-        while True:
-            records = {j: self.jobs(j) for j in job_ids}
-            done = all(recs and all(r.get("JobState") in final for r in recs) for recs in records.values())
-            if done:
-                return records
-            if time.time() > deadline:
-                states = {j: [r.get("JobState") for r in recs] for j, recs in records.items()}
-                raise ClusterError(f"jobs still running after {timeout:.0f} s: {states}\n{self.logs()}")
-            time.sleep(1)
+def shared() -> SlurmTestCluster:
+    """One cluster for the whole test session (the Slurm tests and notebook 04)."""
+    global _shared
+    if _shared is None:
+        cluster = SlurmTestCluster()
+        cluster.up()
+        _shared = cluster
+    return _shared
+
+
+def stop_shared() -> None:
+    global _shared
+    if _shared is not None:
+        _shared.down()
+        _shared = None
 
 
 def main(argv: list[str]) -> int:

@@ -6,13 +6,13 @@ not Linux). Only TRAIN_ARGS is set, through the environment, to keep the runs
 small; resources, partitions and launch lines are the scripts' own.
 """
 
-import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from course_utils import slurm
 from course_utils.dist import port_from_job_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,16 +26,10 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = slurm_cluster_module.SlurmTestCluster()
     start = time.time()
-    c.up()
-    print(f"Slurm test cluster up in {time.time() - start:.1f} s")
-    yield c
-    c.down()
-
-
-def results(log: Path) -> list[dict]:
-    return [json.loads(line[len("RESULT "):]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+    c = slurm_cluster_module.shared()  # stopped at the end of the session (conftest.py)
+    print(f"Slurm test cluster ready in {time.time() - start:.1f} s")
+    return c
 
 
 def expected_world(script: Path) -> int:
@@ -53,9 +47,9 @@ def logs_of(job_id: int, records: list[dict]) -> list[Path]:
 
 def test_every_script_completes_with_the_expected_output(cluster):
     """All 15 scripts submitted at once (so also: many concurrent jobs), each must end COMPLETED."""
-    jobs = {cluster.sbatch(s, env={"TRAIN_ARGS": TINY}, cwd=ROOT): s for s in SCRIPTS if "requeue" not in s.name}
+    jobs = {slurm.sbatch(s, env={"TRAIN_ARGS": TINY}): s for s in SCRIPTS if "requeue" not in s.name}
     assert len(jobs) >= 5
-    records = cluster.wait(list(jobs), timeout=900)
+    records = slurm.wait(list(jobs), timeout=900)
     report = []
     for job_id, script in jobs.items():
         recs = records[job_id]
@@ -64,7 +58,7 @@ def test_every_script_completes_with_the_expected_output(cluster):
         tails = [p.read_text()[-3000:] for p in logs_of(job_id, recs)]
         assert states == {("COMPLETED", "0:0")}, "\n".join([report[-1], *tails])
         for log in logs_of(job_id, recs):
-            res = results(log)
+            res = slurm.results_in_log(log)
             assert len(res) == 1, f"{log}: one RESULT line, from rank 0 only"
             r = res[0]
             assert r["world_size"] == expected_world(script), (script, r)
@@ -77,27 +71,22 @@ def test_every_script_completes_with_the_expected_output(cluster):
 def test_requeue_on_signal_resumes_from_the_checkpoint(cluster):
     script = ROOT / "slurm" / "generic" / "requeue.sbatch"
     args = "--model cnn --epochs 6 --n-train 2048 --n-val 64 --batch-size 32 --workers 0"
-    job = cluster.sbatch(script, env={"TRAIN_ARGS": args, "COURSE_RUNS": str(ROOT / "runs" / "slurm-test")}, cwd=ROOT)
+    job = slurm.sbatch(script, env={"TRAIN_ARGS": args, "COURSE_RUNS": str(ROOT / "runs" / "slurm-test")})
     ckpt = ROOT / "runs" / "slurm-test" / f"generic-requeue-{job}" / "ckpt" / "last.pt"
     deadline = time.time() + 300
     while not ckpt.exists():
         assert time.time() < deadline, f"no checkpoint after 300 s\n{cluster.logs()}"
         time.sleep(0.5)
-    # what Slurm does --signal=B:USR1@120 before the time limit
-    subprocess.run(["scancel", "--signal=USR1", "--batch", str(job)], check=True, env={**cluster.env})
-    deadline = time.time() + 60
-    while cluster.job(job).get("Restarts", "0") == "0" or cluster.job(job).get("JobState") == "RUNNING":
-        assert time.time() < deadline, cluster.job(job)
-        time.sleep(0.5)
-    # a requeued job waits ~2 minutes before it may start again; let it start now
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, env={**cluster.env})
-    record = cluster.wait([job], timeout=600)[job][0]
+    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
+    slurm.wait_requeued(job)
+    slurm.release(job)  # a requeued job waits ~2 minutes before it may start again
+    record = slurm.wait([job], timeout=600)[job][0]
     log = Path(record["StdOut"]).read_text()
     assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
     assert "requeueing job" in log and "start number 2" in log
     resumed_at = int(log.split("resumed from ")[1].split(" at epoch ")[1].split()[0])
     assert 1 <= resumed_at < 6, "the second run continued from a checkpoint, not from scratch"
-    final = results(Path(record["StdOut"]))[-1]
+    final = slurm.results_in_log(record["StdOut"])[-1]
     assert final["epochs"] == 6 and len(final["train_loss"]) == 6
 
 

@@ -382,6 +382,14 @@ def print0(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
+def require_processes(minimum: int, script: str, why: str = "") -> None:
+    """Stop with a usage message (exit 2) unless at least ``minimum`` processes run."""
+    if get_world_size() < minimum:
+        print(f"error: {script} needs at least {minimum} processes{why}; start it under a launcher, e.g.\n"
+              f"  torchrun --standalone --nproc-per-node={max(minimum, 2)} scripts/{script}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def print_ranks(text: str) -> None:
     """Print every rank's ``text`` from rank 0, in rank order.
 

@@ -98,11 +98,16 @@ def run_script(
     """
     path = script_path(str(script))
     prefix = torchrun_command(nproc) if nproc else [sys.executable]
-    if nproc and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in (env or {}):
-        # share the cores between ranks instead of oversubscribing them
-        env = {**(env or {}), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+    env = _threads_per_rank(nproc, env)
     cmd = [*prefix, str(path), *map(str, args)]
     return run_command(cmd, timeout=timeout, env=env, check=check, echo=echo, cwd=cwd)
+
+
+def _threads_per_rank(nproc: int | None, env: dict[str, str] | None) -> dict[str, str] | None:
+    """Share the cores between ranks instead of oversubscribing them (unless told otherwise)."""
+    if nproc and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in (env or {}):
+        return {**(env or {}), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+    return env
 
 
 def run_command(
@@ -192,3 +197,95 @@ def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+class Background:
+    """A script started without waiting: for demos that act on a running job
+    (kill a worker, send a signal). Output is collected by a thread; ``wait()``
+    returns a :class:`RunResult`; the whole process group dies on ``kill()``."""
+
+    def __init__(self, cmd: Sequence[str], env: dict[str, str] | None = None, echo: bool = False) -> None:
+        import threading
+
+        self.cmd = list(map(str, cmd))
+        self.start = time.perf_counter()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=child_env(env), cwd=str(REPO_ROOT),
+                                     start_new_session=True, text=True, errors="replace")
+        self.chunks: list[str] = []
+
+        def pump() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.chunks.append(line)
+                if echo:
+                    print(line, end="", flush=True)
+
+        self.reader = threading.Thread(target=pump, daemon=True)
+        self.reader.start()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.chunks)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float = 600, check: bool = True) -> RunResult:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise LaunchError(f"did not finish within {timeout:.0f} s and was killed. Last output:\n"
+                              f"{_tail(self.output)}", self.result(timed_out=True)) from None
+        self.reader.join(timeout=10)
+        result = self.result()
+        if check and result.returncode != 0:
+            raise LaunchError(f"exited with code {result.returncode}. Last output:\n{_tail(self.output)}", result)
+        return result
+
+    def result(self, timed_out: bool = False) -> RunResult:
+        return RunResult(self.cmd, self.proc.returncode if self.proc.returncode is not None else -1,
+                         self.output, time.perf_counter() - self.start, timed_out)
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+
+
+def start_script(script: str | Path, args: Sequence[str] = (), nproc: int | None = None,
+                 torchrun_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 echo: bool = False) -> Background:
+    """Like :func:`run_script`, without waiting; ``torchrun_args`` e.g. ``["--max-restarts=1"]``."""
+    path = script_path(str(script))
+    prefix = [*torchrun_command(nproc), *torchrun_args] if nproc else [sys.executable]
+    return Background([*prefix, str(path), *map(str, args)], env=_threads_per_rank(nproc, env), echo=echo)
+
+
+def find_rank_pid(marker: str, rank: int) -> int | None:
+    """PID of the worker with ``RANK=rank`` whose command line contains ``marker``
+    (Linux /proc), not the torchrun agent's."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in cmdline and b"torch.distributed.run" not in cmdline \
+                and f"RANK={rank}".encode() in environ:
+            return int(pid)
+    return None
+
+
+def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, rdzv_id: str,
+                       nnodes: str = "1:2", nproc: int = 1, max_restarts: int = 3,
+                       env: dict[str, str] | None = None) -> Background:
+    """One torchrun agent of an elastic job (``--nnodes=min:max``): start one per node.
+
+    When a node dies, the others re-form the group with fewer nodes (down to
+    ``min``) and restart their workers, which resume from the last checkpoint.
+    """
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+           f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=2",
+           str(script_path(str(script))), *map(str, args)]
+    return Background(cmd, env=_threads_per_rank(nproc, env))

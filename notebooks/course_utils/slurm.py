@@ -1,0 +1,99 @@
+"""Submitting and watching Slurm jobs from Python (notebook 04, the tests).
+
+Waiting polls ``scontrol show job`` rather than ``sbatch --wait``, which backs
+off by tens of seconds, and works without Slurm's accounting database (where
+``sacct`` has nothing to say).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .launch import REPO_ROOT
+
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                "DEADLINE", "PREEMPTED")
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def available() -> str | None:
+    """None if ``sbatch`` is here and a controller answers, else why not."""
+    if shutil.which("sbatch") is None:
+        return "sbatch is not on the PATH: this machine is not a Slurm login node"
+    out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return f"sinfo failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}"
+    return None
+
+
+def sbatch(script: str | Path, *options: str, env: dict[str, str] | None = None) -> int:
+    """Submit ``script`` (from the repository root, as the scripts expect); the job id."""
+    cmd = ["sbatch", "--parsable", *options, str(script)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise SlurmError(f"{' '.join(cmd)}: {out.stderr.strip()}")
+    return int(out.stdout.strip().split(";")[0])
+
+
+def job_records(job_id: int) -> list[dict[str, str]]:
+    """``scontrol show job`` as one dict per job (an array gives one per task)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
+    if out.returncode != 0:
+        return []
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.strip().splitlines() if line]
+
+
+def wait(job_ids: list[int], timeout: float = 600, poll: float = 1.0) -> dict[int, list[dict[str, str]]]:
+    """Poll until every job (and array task) has ended; their final records."""
+    deadline = time.time() + timeout
+    while True:
+        records = {j: job_records(j) for j in job_ids}
+        if all(recs and all(r.get("JobState") in FINAL_STATES for r in recs) for recs in records.values()):
+            return records
+        if time.time() > deadline:
+            states = {j: [r.get("JobState") for r in recs] for j, recs in records.items()}
+            raise SlurmError(f"jobs not finished after {timeout:.0f} s: {states}")
+        time.sleep(poll)
+
+
+def squeue() -> str:
+    out = subprocess.run(["squeue", "-o", "%.10i %.9P %.28j %.8T %.6D %R"], capture_output=True, text=True)
+    return out.stdout
+
+
+def results_in_log(path: str | Path) -> list[dict]:
+    """The ``RESULT {json}`` lines that scripts/train.py prints, from a job's log."""
+    import json
+
+    return [json.loads(line[len("RESULT "):]) for line in Path(path).read_text().splitlines()
+            if line.startswith("RESULT ")]
+
+
+def signal_batch(job_id: int, sig: str = "USR1") -> None:
+    """Send a signal to a job's batch shell, as ``--signal=B:SIG@t`` does near the time limit."""
+    subprocess.run(["scancel", f"--signal={sig}", "--batch", str(job_id)], check=True)
+
+
+def wait_requeued(job_id: int, timeout: float = 120) -> None:
+    """Wait until a job has been requeued (its restart count grew) and is no longer running."""
+    deadline = time.time() + timeout
+    while True:
+        rec = (job_records(job_id) or [{}])[0]
+        if rec.get("Restarts", "0") != "0" and rec.get("JobState") != "RUNNING":
+            return
+        if time.time() > deadline:
+            raise SlurmError(f"job {job_id} was not requeued within {timeout:.0f} s: {rec.get('JobState')}")
+        time.sleep(0.5)
+
+
+def release(job_id: int) -> None:
+    """Let a pending job start now (a requeued job otherwise waits its BeginTime)."""
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
