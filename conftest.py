@@ -35,9 +35,10 @@ def _slurm_cluster_module():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    # Notebook 04 submits real jobs when it finds a cluster: start the test cluster
+    # Notebooks 04 and 05 submit real jobs when it finds a cluster: start the test cluster
     # (where this machine can run one) before the notebook's kernel starts.
-    if item.nodeid.split("::")[0].endswith(".ipynb") and "/04_" in "/" + item.nodeid:
+    path = "/" + item.nodeid.split("::")[0]
+    if path.endswith(".ipynb") and ("/04_" in path or "/05_" in path):
         module = _slurm_cluster_module()
         if module.unavailable_reason() is None:
             module.shared()
