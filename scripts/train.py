@@ -144,11 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             return fail(str(exc))
         start = time.perf_counter()
         history = trainer.fit()
+        agree = cdist.ranks_agree(trainer.raw_model)
         cdist.print0(history_table(history))
+        cdist.print0(f"all {info.world_size} ranks hold identical parameters: {agree}")
         last = history[-1] if history else None
         result = {
             "world_size": info.world_size,
             "hosts": hosts,
+            "ranks_agree": agree,
             "device": str(device),
             "epochs": trainer.epoch,
             "train_loss": [h.train_loss for h in history],

@@ -39,7 +39,7 @@ def test_train_script_under_torchrun_two_gloo_ranks(tmp_path):
         nproc=2, timeout=300, echo=False,
     )
     result = result_of(run)
-    assert result["world_size"] == 2
+    assert result["world_size"] == 2 and result["ranks_agree"] is True
     assert "launcher=torchrun rank=0/2" in run.output
     assert result["train_loss"][1] < result["train_loss"][0]
     assert len([line for line in run.lines if line.startswith("RESULT ")]) == 1, "rank 0 only reports"

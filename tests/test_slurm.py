@@ -63,6 +63,7 @@ def test_every_script_completes_with_the_expected_output(cluster):
             r = res[0]
             assert r["world_size"] == expected_world(script), (script, r)
             assert r["train_loss"][-1] < r["train_loss"][0], f"{script}: the loss falls"
+            assert r["ranks_agree"], f"{script}: every rank ends with the same parameters"
             nodes = int(script.read_text().split("--nodes=")[1].split()[0])
             assert len(r["hosts"]) == nodes, f"{script}: ranks ran on {r['hosts']}"
     print("\n".join(report))

@@ -416,6 +416,24 @@ def ranks_per_host() -> dict[str, int]:
     return counts
 
 
+def ranks_agree(model: torch.nn.Module) -> bool:
+    """True when every rank holds exactly the same parameters (a collective).
+
+    DDP keeps replicas identical by construction; this proves it at the end of
+    a job, where a silent divergence (a rank that skipped a step) would show.
+    """
+    if not is_initialized():
+        return True
+    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    digest = torch.stack([flat.sum(), (flat * flat).sum(), flat.abs().max()])
+    if dist.get_backend() == "nccl":
+        digest = digest.cuda()
+    lo, hi = digest.clone(), digest.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return bool(torch.equal(lo, hi))
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free right now, for one rendezvous on this machine."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
