@@ -289,3 +289,18 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
            f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=2",
            str(script_path(str(script))), *map(str, args)]
     return Background(cmd, env=_threads_per_rank(nproc, env))
+
+
+def wait_for_port(host: str, port: int, timeout: float = 60) -> None:
+    """Block until something listens on ``host:port`` (e.g. a rendezvous store)."""
+    import socket
+
+    deadline = time.perf_counter() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"nothing listened on {host}:{port} within {timeout:.0f} s") from None
+            time.sleep(0.1)
