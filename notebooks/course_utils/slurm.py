@@ -83,11 +83,15 @@ def signal_batch(job_id: int, sig: str = "USR1") -> None:
 
 
 def wait_requeued(job_id: int, timeout: float = 120) -> None:
-    """Wait until a job has been requeued (its restart count grew) and is no longer running."""
+    """Wait until a job has been requeued: restart count grown and back in the queue.
+
+    On the way it passes through CANCELLED ("due to job requeue"), which must
+    not be mistaken for the end of the job.
+    """
     deadline = time.time() + timeout
     while True:
         rec = (job_records(job_id) or [{}])[0]
-        if rec.get("Restarts", "0") != "0" and rec.get("JobState") != "RUNNING":
+        if rec.get("Restarts", "0") != "0" and rec.get("JobState") == "PENDING":
             return
         if time.time() > deadline:
             raise SlurmError(f"job {job_id} was not requeued within {timeout:.0f} s: {rec.get('JobState')}")
