@@ -9,12 +9,11 @@ import time
 import pytest
 
 from course_utils.launch import LaunchError, run_command, run_script
+from course_utils.scaling import parse_result
 
 
 def result_of(run):
-    lines = [line for line in run.lines if line.startswith("RESULT ")]
-    assert lines, f"no RESULT line in:\n{run.output}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return parse_result(run.output)
 
 
 def test_train_script_learns_as_a_plain_process(tmp_path):

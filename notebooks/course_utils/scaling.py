@@ -17,12 +17,17 @@ from collections.abc import Sequence
 from .launch import run_script
 
 
+def results_in(output: str) -> list[dict]:
+    """Every ``RESULT {json}`` line the course's scripts printed, in order."""
+    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
+
+
 def parse_result(output: str) -> dict:
-    """The ``RESULT {json}`` line that scripts/train.py prints last."""
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    if not lines:
+    """The last ``RESULT {json}`` line (scripts/train.py prints it last)."""
+    results = results_in(output)
+    if not results:
         raise ValueError("the run printed no RESULT line; see its output above")
-    return json.loads(lines[-1][len("RESULT "):])
+    return results[-1]
 
 
 def measure_scaling(

@@ -71,10 +71,9 @@ def squeue() -> str:
 
 def results_in_log(path: str | Path) -> list[dict]:
     """The ``RESULT {json}`` lines that scripts/train.py prints, from a job's log."""
-    import json
+    from .scaling import results_in
 
-    return [json.loads(line[len("RESULT "):]) for line in Path(path).read_text().splitlines()
-            if line.startswith("RESULT ")]
+    return results_in(Path(path).read_text())
 
 
 def signal_batch(job_id: int, sig: str = "USR1") -> None:
