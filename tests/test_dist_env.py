@@ -95,16 +95,10 @@ def test_job_ports_differ_and_stay_in_range():
     assert all(20000 <= p < 40000 for p in ports)
 
 
-def test_backend_choice():
-    assert cdist.choose_backend("cpu") == "gloo"
-    expected = "nccl" if torch.distributed.is_nccl_available() else "gloo"
-    assert cdist.choose_backend("cuda") == expected
-
-
 def test_cuda_without_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(RuntimeError, match="no CUDA GPU"):
+    with pytest.raises(RuntimeError, match="no CUDA GPU is visible"):
         cdist.choose_device("cuda")
     assert cdist.choose_device("auto").type == "cpu"
     with pytest.raises(ValueError):

@@ -17,6 +17,7 @@ import atexit
 import datetime as _dt
 import gc
 import itertools
+import json
 import os
 import re
 import socket
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .devices import Placement, PlacementError, RankView, local_view, place_ranks
 
 DEFAULT_TIMEOUT_S = 600
 """Seconds a collective may wait for a peer (``$COURSE_DIST_TIMEOUT``): long
@@ -190,47 +193,27 @@ def detect_env(env: Mapping[str, str] | None = None) -> DistEnv:
 # --------------------------------------------------------------------------- #
 # Backend and device
 # --------------------------------------------------------------------------- #
-def choose_backend(device_type: str | None = None) -> str:
-    """NCCL when this process drives a CUDA device and NCCL is built in, else gloo."""
-    if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_type == "cuda" and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
-
-
-def choose_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
-    """``auto``: this rank's GPU if there is one, else the CPU.
+def choose_device(requested: str = "auto") -> torch.device:
+    """The device of a single process: ``auto`` is its first GPU if it sees one, else the CPU.
 
     ``cuda`` without a GPU is an error that says so, rather than a crash deep
-    inside the first kernel launch.
+    inside the first kernel launch. Several ranks are placed together by
+    :func:`course_utils.devices.place_ranks` during the rendezvous.
     """
-    requested = requested.lower()
-    if requested == "auto":
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-    if requested.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                "--device cuda was asked for but no CUDA GPU is visible to this process "
-                "(torch.cuda.is_available() is False). Run on a GPU node, or use --device cpu."
-            )
-        if requested == "cuda":
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device(requested)
-    if requested == "cpu":
-        return torch.device("cpu")
-    raise ValueError(f"unknown device {requested!r}: use auto, cpu, cuda or cuda:N")
+    return torch.device(place_ranks([local_view()], requested)[0].device)
 
 
 # --------------------------------------------------------------------------- #
 # Process group lifecycle
 # --------------------------------------------------------------------------- #
-def _rendezvous(info: DistEnv, join_timeout_s: float) -> dist.Store:
+def _rendezvous(info: DistEnv, join_timeout_s: float, device: str) -> tuple[dist.Store, Placement]:
     """Meet every rank through a TCP store, or say which ranks never came.
 
     Under torchrun the agent already serves the store at MASTER_PORT, so every
-    rank is a client; otherwise rank 0 serves it. Each rank checks in under a
-    key; rank 0 waits for all keys and names the ones missing at the deadline.
+    rank is a client; otherwise rank 0 serves it. Each rank checks in with what
+    it sees (host, GPUs); rank 0 waits for all of them, names the ones missing
+    at the deadline, and places every rank (:func:`place_ranks`) so that all
+    ranks get one answer: their device and the backend, or the same error.
     """
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -257,7 +240,8 @@ def _rendezvous(info: DistEnv, join_timeout_s: float) -> dist.Store:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
     prefix = "course/join/"
-    store.set(prefix + str(info.rank), socket.gethostname())
+    view = local_view()
+    store.set(prefix + str(info.rank), json.dumps({"host": view.host, "gpus": list(view.gpus)}))
     if info.rank == 0:
         deadline = time.monotonic() + join_timeout_s
         missing = list(range(1, info.world_size))
@@ -272,7 +256,16 @@ def _rendezvous(info: DistEnv, join_timeout_s: float) -> dist.Store:
                 )
             if missing:
                 time.sleep(0.05)
-        store.set(prefix + "all", "1")
+        views = []
+        for r in range(info.world_size):
+            seen = json.loads(store.get(prefix + str(r)))
+            views.append(RankView(seen["host"], tuple(seen["gpus"])))
+        try:
+            plan: dict[str, Any] = {"placements": [
+                [p.device, p.backend, p.note] for p in place_ranks(views, device, dist.is_nccl_available())]}
+        except (PlacementError, ValueError) as exc:
+            plan = {"error": str(exc)}
+        store.set(prefix + "all", json.dumps(plan))
     else:
         try:
             store.wait([prefix + "all"], timeout)
@@ -281,7 +274,10 @@ def _rendezvous(info: DistEnv, join_timeout_s: float) -> dist.Store:
                 f"rank {info.rank}/{info.world_size} reached {addr}:{port} but the other ranks did not all "
                 f"arrive within {join_timeout_s:.0f} s (rank 0 reports which): {exc}"
             ) from exc
-    return store
+        plan = json.loads(store.get(prefix + "all"))
+    if "error" in plan:
+        raise PlacementError(plan["error"])
+    return store, Placement(*plan["placements"][info.rank])
 
 
 def init_distributed(
@@ -297,11 +293,15 @@ def init_distributed(
     ``join_timeout_s`` (default ``$COURSE_JOIN_TIMEOUT`` or 45 s), else the
     error names the missing ranks and the address; each collective may then
     wait ``timeout_s`` (default ``$COURSE_DIST_TIMEOUT`` or 600 s).
+
+    ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) is placed by
+    :func:`course_utils.devices.place_ranks`: one GPU per rank with NCCL, never
+    two ranks on one GPU; with ``auto``, a host with more ranks than GPUs runs
+    every rank on the CPU with gloo and rank 0 says why in one line.
     """
     info = detect_env()
-    dev = choose_device(device, info.local_rank)
     if not info.is_distributed or dist.is_initialized():
-        return info, dev
+        return info, choose_device(device)
 
     if timeout_s is None:
         timeout_s = float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
@@ -310,16 +310,21 @@ def init_distributed(
     # Slurm and MPI do not set these; torch's rendezvous needs them.
     os.environ.setdefault("MASTER_ADDR", info.master_addr)
     os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    store, placement = _rendezvous(info, join_timeout_s, device)
+    dev = torch.device(placement.device)
+    if placement.note and info.rank == 0:
+        print(f"note: {placement.note}", file=sys.stderr, flush=True)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    store = _rendezvous(info, join_timeout_s)
     atexit.register(_release_at_exit)
     dist.init_process_group(
-        backend=backend or choose_backend(dev.type),
+        backend=backend or placement.backend,
         store=store,
         rank=info.rank,
         world_size=info.world_size,
         timeout=_dt.timedelta(seconds=timeout_s),
+        # NCCL then knows each rank's GPU for barrier() and object collectives, instead of guessing
+        device_id=dev if dev.type == "cuda" else None,
     )
     return info, dev
 
@@ -425,9 +430,8 @@ def ranks_agree(model: torch.nn.Module) -> bool:
     if not is_initialized():
         return True
     flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    # on the parameters' device: with NCCL, every tensor in a collective lives on the rank's GPU
     digest = torch.stack([flat.sum(), (flat * flat).sum(), flat.abs().max()])
-    if dist.get_backend() == "nccl":
-        digest = digest.cuda()
     lo, hi = digest.clone(), digest.clone()
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
     dist.all_reduce(hi, op=dist.ReduceOp.MAX)

@@ -1,0 +1,189 @@
+"""Which device each rank drives, and which backend the group uses: one policy.
+
+The rule NCCL imposes: **never two ranks on one GPU** (it refuses with
+"Duplicate GPU detected"). So, per host, ranks never exceed GPUs. A 1-GPU
+portal session asked for a 4-rank demo cannot run it on the GPU; it either
+runs fewer ranks (one per GPU) or runs the demo on the CPU with gloo, and
+says which.
+
+Two pure functions hold the policy, so it is tested without a GPU:
+
+* :func:`place_ranks` -- for a running job: given what every rank sees (its
+  host and the GPUs visible to it), the device and backend of each rank, or
+  one :class:`PlacementError` that says what to change. Every rank gets the
+  same answer, because rank 0 computes it during the rendezvous
+  (``course_utils.dist``) and hands it to the others.
+* :func:`plan_demo` -- before launching: how many ranks a notebook demo should
+  start on this host and on which device.
+
+Which GPUs a rank sees depends on the launcher: ``torchrun`` shows every rank
+all of the node's GPUs (rank k takes the k-th); ``srun --gpus-per-task=1`` or
+``--gpu-bind`` shows each task only its own GPU (so every task's only GPU is
+``cuda:0``, and they are different GPUs). Comparing GPU UUIDs, not indices,
+covers both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+class PlacementError(RuntimeError):
+    """The ranks cannot be placed as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What one rank sees: its host, and the UUIDs of the GPUs visible to it, in index order."""
+
+    host: str
+    gpus: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    device: str  # "cpu" or "cuda:N" (N indexes this rank's visible GPUs)
+    backend: str  # "nccl" or "gloo"
+    note: str = ""  # one line when the placement differs from what was asked
+
+
+def _check_requested(requested: str) -> str:
+    requested = requested.lower()
+    if requested not in DEVICE_CHOICES and not (requested.startswith("cuda:") and requested[5:].isdigit()):
+        raise ValueError(f"unknown device {requested!r}: use auto, cpu, cuda or cuda:N")
+    return requested
+
+
+def place_ranks(views: Sequence[RankView], requested: str = "auto", nccl_available: bool = True) -> list[Placement]:
+    """The device and backend of every rank (index = global rank).
+
+    ``requested``: ``auto`` (a GPU each when every host has enough, else
+    the CPU with gloo, said in the note), ``cpu``, ``cuda`` (a GPU each, or an
+    error saying why not) or ``cuda:N`` (that GPU; two ranks on one GPU are
+    still an error with NCCL).
+    """
+    requested = _check_requested(requested)
+    world = len(views)
+    if world == 0:
+        raise ValueError("place_ranks needs at least one rank")
+    if requested == "cpu":
+        return [Placement("cpu", "gloo")] * world
+
+    no_gpu = [r for r, v in enumerate(views) if not v.gpus]
+    if no_gpu:
+        where = sorted({views[r].host for r in no_gpu})
+        if requested != "auto":
+            raise PlacementError(
+                f"--device {requested} was asked for, but no CUDA GPU is visible to rank(s) "
+                f"{_ranks(no_gpu)} on {', '.join(where)}. Run on a GPU node (and ask Slurm for GPUs: "
+                "--gres=gpu:N or --gpus-per-node=N), or use --device cpu."
+            )
+        note = "" if len(no_gpu) == world else f"rank(s) {_ranks(no_gpu)} see no GPU: "
+        return [Placement("cpu", "gloo", (note + "no GPU visible: CPU with gloo").strip())] * world
+
+    # Ranks that see the same GPUs on the same host share them: the k-th of them takes the k-th GPU.
+    devices: list[str] = []
+    crowded: dict[tuple[str, tuple[str, ...]], int] = {}
+    seen: dict[tuple[str, tuple[str, ...]], int] = {}
+    for v in views:
+        key = (v.host, v.gpus)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        if requested.startswith("cuda:"):
+            index = int(requested[5:])
+            if index >= len(v.gpus):
+                raise PlacementError(f"--device {requested} asked for, but {v.host} shows this rank only "
+                                     f"{len(v.gpus)} GPU(s) (cuda:0 to cuda:{len(v.gpus) - 1}).")
+            devices.append(requested)
+        elif k < len(v.gpus):
+            devices.append(f"cuda:{k}")
+        else:
+            devices.append("")
+            crowded[key] = seen[key]
+
+    # Two ranks may reach the same GPU through different views (cuda:N, or two torchrun agents on one host).
+    owner: dict[tuple[str, str], int] = {}
+    shared: list[tuple[int, int, str]] = []
+    for r, (v, d) in enumerate(zip(views, devices)):
+        if d:
+            key = (v.host, v.gpus[int(d[5:])])
+            if key in owner:
+                shared.append((owner[key], r, v.host))
+            else:
+                owner[key] = r
+
+    if crowded or (shared and nccl_available):
+        if crowded:
+            (host, gpus), n = next(iter(crowded.items()))
+            problem = f"{n} ranks on {host} but only {len(gpus)} GPU(s) there"
+        else:
+            a, b, host = shared[0]
+            problem = f"ranks {a} and {b} would share one GPU on {host}"
+        fix = ("start at most one rank per GPU on each host (torchrun --nproc-per-node=<GPUs>, "
+               "srun --ntasks-per-node=<GPUs>), or use --device cpu to run the ranks on the CPU with gloo")
+        if requested == "auto":
+            return [Placement("cpu", "gloo", f"{problem}: NCCL cannot put two ranks on one GPU, "
+                                             "so all ranks run on the CPU with gloo")] * world
+        raise PlacementError(f"{problem}, and NCCL refuses two ranks on one GPU: {fix}.")
+
+    backend = "nccl" if nccl_available else "gloo"
+    return [Placement(d, backend) for d in devices]
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks[:16])) + (" ..." if len(ranks) > 16 else "")
+
+
+@dataclass(frozen=True)
+class DemoPlan:
+    """How a notebook runs an N-rank demo on this host."""
+
+    nproc: int
+    device: str  # "cuda" or "cpu": pass as --device to the script
+    backend: str
+    note: str = ""  # one line when this differs from what was asked
+
+    @property
+    def label(self) -> str:
+        return f"{self.nproc} rank(s), {self.backend} on {'GPUs' if self.device == 'cuda' else 'CPU'}"
+
+
+def plan_demo(wanted: int, gpus: int, minimum: int = 1, fallback: str = "cpu",
+              nccl_available: bool = True) -> DemoPlan:
+    """Ranks and device for a demo that asks for ``wanted`` ranks on a host with ``gpus`` GPUs.
+
+    With enough GPUs: one rank per GPU, NCCL. With fewer: ``fallback="cap"``
+    runs as many ranks as there are GPUs (when that is still ``>= minimum``),
+    ``fallback="cpu"`` keeps ``wanted`` ranks on the CPU with gloo. The note
+    says which, in one line.
+    """
+    if wanted < 1 or minimum < 1 or minimum > wanted:
+        raise ValueError(f"need 1 <= minimum <= wanted, got minimum={minimum}, wanted={wanted}")
+    if fallback not in ("cpu", "cap"):
+        raise ValueError(f"fallback must be 'cpu' or 'cap', not {fallback!r}")
+    if gpus <= 0:
+        return DemoPlan(wanted, "cpu", "gloo")
+    backend = "nccl" if nccl_available else "gloo"
+    if gpus >= wanted:
+        return DemoPlan(wanted, "cuda", backend)
+    if fallback == "cap" and gpus >= minimum:
+        return DemoPlan(gpus, "cuda", backend,
+                        f"asked for {wanted} ranks, this host has {gpus} GPU(s): running {gpus} (one per GPU)")
+    return DemoPlan(wanted, "cpu", "gloo",
+                    f"asked for {wanted} ranks, this host has {gpus} GPU(s) and NCCL cannot put two ranks on one "
+                    f"GPU: this demo runs {wanted} ranks on the CPU with gloo")
+
+
+def local_view() -> RankView:
+    """What this process sees: its host name and its visible GPUs' UUIDs."""
+    import socket
+
+    import torch
+
+    gpus: tuple[str, ...] = ()
+    if torch.cuda.is_available():
+        gpus = tuple(str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count()))
+    return RankView(socket.gethostname(), gpus)
