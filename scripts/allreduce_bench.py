@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from course_utils import dist as cdist
 from course_utils.collectives import bandwidths, ring_all_reduce, time_op
+from course_utils.devices import add_device_flag
 
 
 def check_ring(device: torch.device, sizes: list[int]) -> tuple[bool, float]:
@@ -48,10 +49,11 @@ def main() -> int:
     p.add_argument("--no-ring", action="store_true", help="time only the built-in all_reduce")
     p.add_argument("--check-only", action="store_true", help="only compare the ring with dist.all_reduce")
     p.add_argument("--json", type=Path, default=None)
+    add_device_flag(p)
     args = p.parse_args()
     if args.min_kib < 1 or args.max_mib * 1024 < args.min_kib or args.iters < 1:
         p.error("need 1 <= --min-kib <= --max-mib*1024 and --iters >= 1")
-    info, device = cdist.init_distributed()
+    info, device = cdist.init_distributed(args.device)
     try:
         n = info.world_size
         cdist.require_processes(2, "allreduce_bench.py")

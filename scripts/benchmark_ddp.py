@@ -17,7 +17,7 @@ import torch
 
 from course_utils import pick
 from course_utils.models import MODELS
-from course_utils.scaling import default_threads_per_rank, measure_scaling, scaling_table
+from course_utils.scaling import OPTIMISED, default_threads_per_rank, measure_scaling, optimised_args, scaling_table
 
 
 def main() -> int:
@@ -28,9 +28,9 @@ def main() -> int:
     p.add_argument("--model", choices=MODELS, default=pick(ci="cnn", full="resnet18"))
     p.add_argument("--batch-size", type=int, default=pick(ci=32, full=128), help="per rank")
     p.add_argument("--steps", type=int, default=pick(ci=10, full=60))
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", default="fp32")
-    p.add_argument("--workers", type=int, default=pick(ci=0, full=4))
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--textbook", action="store_true",
+                   help="measure the fp32 textbook loop (no workers, no AMP) instead of the optimised setup")
     p.add_argument("--threads-per-rank", type=int, default=None, help="CPU threads per rank (CPU runs)")
     p.add_argument("--json", type=Path, default=Path("runs/benchmark_ddp.json"))
     args = p.parse_args()
@@ -42,16 +42,18 @@ def main() -> int:
         p.error(f"--world-sizes up to {max(sizes)} but only {gpus} GPUs here; use --device cpu for gloo ranks")
     threads = None if on_gpu else (args.threads_per_rank or default_threads_per_rank(max(sizes)))
     steps = args.steps + 2  # the Trainer does not time its first 2 steps
+    setup = ["--precision", "fp32", "--workers", "0"] if args.textbook else optimised_args(on_gpu, max(sizes))
     train_args = ["--model", args.model, "--batch-size", args.batch_size, "--epochs", 1,
                   "--steps-per-epoch", steps, "--n-train", args.batch_size * steps * max(sizes),
-                  "--n-val", 64, "--workers", args.workers, "--device", args.device, "--precision", args.precision]
-    where = torch.cuda.get_device_name(0) if on_gpu else f"CPU, {threads} thread(s) per rank"
+                  "--n-val", 64, "--device", "cuda" if on_gpu else "cpu", *setup]
+    where = f"{torch.cuda.get_device_name(0)}, NCCL" if on_gpu else f"CPU, gloo, {threads} thread(s) per rank"
     print(f"weak scaling of {args.model}, batch {args.batch_size} per rank, on {where}")
+    print("baseline: " + ("the fp32 textbook loop" if args.textbook else f"the optimised setup: {OPTIMISED}"))
     rows = measure_scaling(sizes, train_args, threads_per_rank=threads)
     print(scaling_table(rows))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"model": args.model, "batch_per_rank": args.batch_size, "where": where,
-                                     "rows": rows}, indent=2))
+                                     "setup": setup, "rows": rows}, indent=2))
     last = rows[-1]
     print(f"efficiency at {last['world_size']} ranks: {100 * last['efficiency']:.0f}%  (written to {args.json})")
     return 0

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils import dist as cdist
+from course_utils.devices import add_device_flag
 
 K = 3  # elements per tensor
 
@@ -124,8 +125,9 @@ OPS = ["send_recv", "isend_irecv", "broadcast", "reduce", "all_reduce", "all_gat
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", nargs="+", choices=OPS, default=OPS)
+    add_device_flag(p)
     args = p.parse_args()
-    info, device = cdist.init_distributed()
+    info, device = cdist.init_distributed(args.device)
     try:
         cdist.require_processes(2, "collectives_demo.py")
         cdist.print0(f"{info.world_size} ranks, backend {dist.get_backend()}, device {device.type}")

@@ -24,6 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils import dist as cdist
+from course_utils.devices import add_device_flag
 from course_utils.models import MODELS, build_model, count_parameters
 
 
@@ -58,7 +59,7 @@ def measure(model_name: str, device: torch.device, cap_mb: float, as_view: bool,
             torch.cuda.synchronize(device)
         if step:
             times.append(time.perf_counter() - start)
-    t = torch.tensor([sum(times) / len(times)])
+    t = torch.tensor([sum(times) / len(times)], device=device)  # NCCL: collectives on the rank's GPU
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return {"bucket_cap_mb": cap_mb, "grad_as_bucket_view": as_view, "accum": accum, "no_sync": no_sync,
             "allreduces_per_step": calls["n"] / steps, "ms_per_step": 1e3 * float(t)}
@@ -70,8 +71,9 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--caps", type=float, nargs="+", default=[1.0, 25.0, 100.0])
+    add_device_flag(p)
     args = p.parse_args()
-    info, device = cdist.init_distributed()
+    info, device = cdist.init_distributed(args.device)
     try:
         cdist.require_processes(2, "ddp_buckets.py")
         mib = count_parameters(build_model(args.model)) * 4 / 2**20

@@ -24,8 +24,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils import dist as cdist
 from course_utils.data import get_datasets, make_loader
+from course_utils.devices import add_device_flag
 from course_utils.models import build_model
-from course_utils.trainer import TrainConfig, Trainer
+from course_utils.trainer import TrainConfig, Trainer, set_tf32
 
 ATOL, RTOL = 1e-5, 1e-4  # float32, a few SGD steps
 
@@ -65,7 +66,7 @@ def equivalence(device: torch.device, batch: int, steps: int, seed: int) -> dict
     world = dist.get_world_size()
     n_images = world * batch * steps
     train, _, info = get_datasets("synthetic", n_train=n_images, n_val=1, augment=False, seed=seed)
-    cfg = TrainConfig(epochs=1, lr=0.05, momentum=0.9, weight_decay=5e-4, progress=False)
+    cfg = TrainConfig(epochs=1, lr=0.05, momentum=0.9, weight_decay=5e-4, progress=False, tf32=False)
     torch.manual_seed(seed)
     trainer = Trainer(build_model("cnn-gn"), make_loader(train, batch, shuffle=True, seed=seed), device, cfg)
     trainer.fit()
@@ -99,10 +100,14 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=16, help="per rank")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
+    add_device_flag(p)
     args = p.parse_args()
-    info, device = cdist.init_distributed()
+    info, device = cdist.init_distributed(args.device)
     try:
         cdist.require_processes(2, "ddp_checks.py")
+        # A float32-sized tolerance needs float32 math: TF32 (PyTorch's default for cuDNN
+        # convolutions on Ampere and later) keeps 10 mantissa bits and would exceed it.
+        set_tf32(False)
         identical, differed = gradients_identical(device, args.batch_size)
         cdist.print0(f"{info.world_size} ranks ({dist.get_backend()}): local gradients differ between ranks: "
                      f"{differed}; after DDP's all-reduce, bit-identical on every rank: {identical}")

@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("speed")
     s.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
     s.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    s.add_argument("--tf32", action="store_true", help="TF32 tensor cores for fp32 (Ampere+)")
+    s.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help="TF32 tensor cores for fp32 matmuls and convolutions (Ampere+); default: PyTorch's "
+                        "(convolutions only)")
     s.add_argument("--cudnn-benchmark", action="store_true", help="autotune cuDNN convolutions")
     s.add_argument("--channels-last", action="store_true")
     s.add_argument("--compile", action="store_true", help="torch.compile the model")

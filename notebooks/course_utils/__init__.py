@@ -9,7 +9,8 @@ Modules (import what you need)::
     models      SmallCNN, ResNet18, build_model()
     trainer     Trainer and TrainConfig (AMP, TF32, channels_last, compile, DDP)
     checkpoint  atomic save_checkpoint(), load_checkpoint()
-    timing      Throughput meter that synchronises the GPU before reading clocks
+    devices     one policy for which device each rank drives (never two NCCL ranks on one GPU)
+    timing      Throughput meter: the GPU synchronised where a timed window opens and closes
     ladder      the single-device speed-up ladder (notebook 01, benchmark script)
     launch      run scripts/ (alone or under torchrun) from a notebook
     storage     one large file vs many small files, per storage folder

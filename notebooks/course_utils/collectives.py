@@ -58,10 +58,13 @@ def ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
         s0, s1 = bounds[send_idx]
         r0, r1 = bounds[recv_idx]
         incoming = recv_buf[: r1 - r0]
-        # post the receive first so neighbours never wait on each other in a cycle
-        req = dist.irecv(incoming, src=left)
-        dist.send(flat[s0:s1].contiguous(), dst=right)
-        req.wait()
+        outgoing = flat[s0:s1].contiguous()
+        # Send right and receive from the left as one batch: every rank posts both at once,
+        # so no rank blocks in a send its neighbour is not yet receiving (with NCCL and
+        # 3+ ranks, a blocking send before the receive can deadlock the whole ring).
+        ops = [dist.P2POp(dist.isend, outgoing, right), dist.P2POp(dist.irecv, incoming, left)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
         return incoming
 
     # reduce-scatter: at step k, send chunk (rank - k) and accumulate chunk (rank - k - 1)

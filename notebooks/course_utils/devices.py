@@ -187,3 +187,10 @@ def local_view() -> RankView:
     if torch.cuda.is_available():
         gpus = tuple(str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count()))
     return RankView(socket.gethostname(), gpus)
+
+
+def add_device_flag(parser) -> None:
+    """``--device auto|cpu|cuda|cuda:N`` with the policy's meaning, for every script that starts ranks."""
+    parser.add_argument("--device", default="auto",
+                        help="auto (default: a GPU per rank when each host has enough, else CPU with gloo), "
+                             "cpu, cuda or cuda:N")

@@ -30,7 +30,7 @@ class Knobs:
     workers: int = 0
     pin_memory: bool = False
     cudnn_benchmark: bool = False
-    tf32: bool = False
+    tf32: bool | None = None  # None: PyTorch's defaults (TF32 convolutions, fp32 matmuls)
     channels_last: bool = False
     precision: str = "fp32"
     compile: bool = False
@@ -71,7 +71,7 @@ def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dic
     if not gpu and not settings.compile_on_cpu:
         compile_skip = "off on CPU (compiling takes minutes on few cores); set compile_on_cpu"
     return [
-        ("fp32 baseline", {}, None),
+        ("fp32 textbook (defaults)", {}, None),
         (f"+ {settings.workers} DataLoader workers", {"workers": settings.workers}, None),
         ("+ pinned memory", {"pin_memory": True}, no_gpu),
         ("+ cudnn.benchmark", {"cudnn_benchmark": True}, no_gpu),
@@ -219,7 +219,7 @@ def profile_steps(
 def knobs_to_flags(knobs: Knobs) -> list[str]:
     """The same configuration as ``scripts/train.py`` flags."""
     flags = ["--workers", str(knobs.workers), "--precision", knobs.precision]
-    for on, flag in ((knobs.pin_memory, "--pin-memory"), (knobs.tf32, "--tf32"),
+    for on, flag in ((knobs.pin_memory, "--pin-memory"), (knobs.tf32 is True, "--tf32"),
                      (knobs.cudnn_benchmark, "--cudnn-benchmark"),
                      (knobs.channels_last, "--channels-last"), (knobs.compile, "--compile")):
         if on:

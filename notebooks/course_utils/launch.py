@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .dist import free_port
+from .hardware import usable_cores
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the folder holding course_utils
 REPO_ROOT = PACKAGE_PARENT.parent
@@ -106,7 +107,8 @@ def run_script(
 def _threads_per_rank(nproc: int | None, env: dict[str, str] | None) -> dict[str, str] | None:
     """Share the cores between ranks instead of oversubscribing them (unless told otherwise)."""
     if nproc and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in (env or {}):
-        return {**(env or {}), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+        # the cores this process may use (a Slurm cgroup, a portal's quota), not the node's
+        return {**(env or {}), "OMP_NUM_THREADS": str(max(1, usable_cores() // nproc))}
     return env
 
 

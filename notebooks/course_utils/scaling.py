@@ -11,9 +11,9 @@ the comparison would measure threads, not communication.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 
+from .hardware import usable_cores
 from .launch import run_script
 
 
@@ -55,11 +55,22 @@ def measure_scaling(
 
 def default_threads_per_rank(max_world: int) -> int:
     """Cores this process may use, shared evenly by the largest run's ranks."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores // max_world)
+    return max(1, usable_cores() // max_world)
+
+
+OPTIMISED = ("AMP (bf16, or fp16 where the GPU has no bf16), channels_last, DataLoader workers, "
+             "TF32 as PyTorch's default")
+"""The single-device setup notebook 01 ends with; scaling is measured on it, not on the textbook loop."""
+
+
+def optimised_args(on_gpu: bool, ranks_per_host: int) -> list[str]:
+    """``train.py`` flags for :data:`OPTIMISED`: workers from the cores each rank may use.
+
+    On a CPU the workers would take cores from the ranks' own compute
+    (notebook 01 measured it), so CPU runs load data in the main process.
+    """
+    workers = min(8, max(1, usable_cores() // ranks_per_host - 1)) if on_gpu else 0
+    return ["--precision", "amp", "--channels-last", "--workers", str(workers)]
 
 
 def scaling_table(rows: list[dict]) -> str:

@@ -52,14 +52,16 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
-def set_tf32(enabled: bool) -> None:
+def set_tf32(enabled: bool | None) -> None:
     """TF32 tensor-core math for fp32 matmuls and convolutions (Ampere and later).
 
     A process-wide switch: 10 mantissa bits instead of 23 inside the matmul,
-    fp32 everywhere else. It has no effect on CPUs or pre-Ampere GPUs.
+    fp32 everywhere else. ``None`` restores PyTorch's defaults (convolutions
+    may use TF32, matmuls do not), which is what a textbook loop runs with.
+    It has no effect on CPUs or pre-Ampere GPUs.
     """
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+    torch.backends.cudnn.allow_tf32 = True if enabled is None else enabled
 
 
 def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -83,7 +85,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     precision: str = "fp32"  # fp32 | bf16 | fp16 | amp (best of bf16/fp16 here)
-    tf32: bool = False
+    tf32: bool | None = None  # None: PyTorch's defaults (TF32 convolutions, fp32 matmuls)
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms for fixed input shapes
     channels_last: bool = False
     compile: bool = False
@@ -247,6 +249,7 @@ class Trainer:
                     self.writer.add_scalar("lr", self.optimizer.param_groups[0]["lr"], self.global_step)
                 if hasattr(it, "set_postfix"):
                     it.set_postfix(loss=f"{value:.3f}")
+        meter.stop()
         if hasattr(it, "close"):
             it.close()
         mean = total / max(count, 1)
