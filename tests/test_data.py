@@ -107,3 +107,13 @@ def test_check_command_reports_missing_data(tmp_path, capsys):
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="synthetic"):
         data.get_datasets("imagenet")
+
+
+def test_workshop_dataset_is_cifar10_only_when_downloaded_and_says_which(tmp_path):
+    from course_utils.data import workshop_dataset
+
+    name, line = workshop_dataset(full=True, root=tmp_path)
+    assert name == "synthetic" and f"download cifar10 --root {tmp_path}" in line
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    assert workshop_dataset(full=True, root=tmp_path) == ("cifar10", f"data: CIFAR-10 from {tmp_path}")
+    assert workshop_dataset(full=False, root=tmp_path)[0] == "synthetic", "CI always uses the offline set"

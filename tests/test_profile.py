@@ -20,3 +20,12 @@ def test_invalid_profile_lists_the_valid_ones(monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "fast")
     with pytest.raises(ValueError, match=r"'fast'.*ci, full"):
         profile.current_profile()
+
+
+def test_a_demo_moved_to_the_cpu_in_a_gpu_session_gets_cpu_sizes(monkeypatch):
+    monkeypatch.setenv("COURSE_PROFILE", "full")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert profile.pick(ci=1, full=2, device="cpu") == 1
+    assert profile.pick(ci=1, full=2, device="cuda") == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert profile.pick(ci=1, full=2, device="cpu") == 2, "full on a CPU machine was asked for explicitly"

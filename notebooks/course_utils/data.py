@@ -69,6 +69,22 @@ def default_data_root() -> Path:
     return Path(os.environ.get("COURSE_DATA", _REPO_ROOT / "data")).expanduser()
 
 
+def workshop_dataset(full: bool, root: str | Path | None = None) -> tuple[str, str]:
+    """The data set a notebook trains on, and one line that says which and why.
+
+    The full profile trains on the real CIFAR-10 when it has been downloaded
+    (on a login node: ``python -m course_utils.data download cifar10``);
+    otherwise, and always in the CI profile, on the offline synthetic set.
+    """
+    root = Path(root).expanduser() if root else default_data_root()
+    if not full:
+        return "synthetic", "data: the offline synthetic set (CI profile)"
+    if (root / "cifar-10-batches-py").is_dir():
+        return "cifar10", f"data: CIFAR-10 from {root}"
+    return "synthetic", (f"data: the offline synthetic set; CIFAR-10 is not in {root} (on a login node: "
+                         f"python -m course_utils.data download cifar10 --root {root})")
+
+
 # --------------------------------------------------------------------------- #
 # Offline synthetic data
 # --------------------------------------------------------------------------- #

@@ -2,6 +2,7 @@
 # Sourced by every sbatch script in slurm/. One place for what all of them do:
 #   course_activate    the environment hook (modules + conda where they exist, .venv otherwise)
 #   course_rendezvous  MASTER_ADDR = first node of the job, MASTER_PORT derived from the job id
+#   SRUN_CPUS_PER_TASK every srun task gets the job's --cpus-per-task (Slurm >= 22.05 needs this)
 #   COURSE_RUNS        where checkpoints and TensorBoard logs go
 #   TRAIN_ARGS         the arguments for scripts/train.py (override with sbatch --export=ALL,TRAIN_ARGS=...)
 # The scripts themselves only choose resources and a launch pattern.
@@ -51,6 +52,18 @@ course_rendezvous() {
     export MASTER_ADDR MASTER_PORT
     echo "job $SLURM_JOB_ID on ${SLURM_JOB_NUM_NODES:-1} node(s): $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
 }
+
+# Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: without this, every
+# rank started by srun (and all its DataLoader workers) would share a single core.
+if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+    export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
+fi
+# Optional GPU binding for srun (e.g. COURSE_GPU_BIND=closest where the cluster's gres.conf
+# records GPU affinity): each task then sees only its own GPU, as its cuda:0. The course's
+# scripts place ranks by GPU UUID and handle both; a script that picks cuda:$LOCAL_RANK does not.
+if [[ -n "${COURSE_GPU_BIND:-}" ]]; then
+    export SLURM_GPU_BIND="$COURSE_GPU_BIND"
+fi
 
 COURSE_RUNS="${COURSE_RUNS:-$COURSE_ROOT/runs}"
 RUN_DIR="$COURSE_RUNS/${SLURM_JOB_NAME:-job}-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"
