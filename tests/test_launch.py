@@ -76,6 +76,25 @@ def test_cuda_without_gpu_is_one_clear_line():
     assert "no CUDA GPU is visible" in run.output
 
 
+def test_cuda_without_gpu_under_torchrun_stops_every_rank_with_the_same_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    run = run_script("train.py", ["--device", "cuda"], nproc=2, check=False, echo=False, timeout=120)
+    assert run.returncode != 0
+    # rank 0 placed both ranks at the rendezvous; each rank reports the one decision, then stops
+    assert run.output.count("error: --device cuda was asked for, but no CUDA GPU is visible to rank(s) 0, 1") == 2
+
+
+def test_a_rank_that_skips_a_collective_fails_the_job_at_the_timeout():
+    run = run_script("collective_timeout.py", ["--device", "cpu"], nproc=2, check=False, echo=False, timeout=120,
+                     env={"COURSE_DIST_TIMEOUT": "3"})
+    assert run.returncode != 0 and run.seconds < 60, "the collective timed out instead of hanging"
+    assert "rank 0: the all_reduce failed after" in run.output
+    assert "returned, which it must not" not in run.output
+
+
 def test_unwritable_checkpoint_folder_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -154,3 +154,11 @@ def test_resumed_run_is_bit_identical_to_uninterrupted(tmp_path):
     resumed.fit()
     for a, b in zip(straight.raw_model.state_dict().values(), resumed.raw_model.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_flops_per_image_match_the_resnet18_by_hand():
+    from course_utils.ladder import train_flops_per_image
+
+    # CIFAR ResNet-18: 0.56 G multiply-adds forward = 1.11 GFLOP; backward costs twice the forward.
+    assert train_flops_per_image("resnet18") == pytest.approx(3 * 1.11e9, rel=0.02)
+    assert train_flops_per_image("cnn") < train_flops_per_image("resnet18") / 10

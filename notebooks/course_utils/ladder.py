@@ -208,12 +208,24 @@ def profile_steps(
         record_shapes=False,
     ) as prof:
         measure(knobs, short, train_ds, channels, device, step_callback=prof.step)
-    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    sort = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=12)
     traces = sorted(out_dir.glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
     if not traces:
         raise RuntimeError(f"the profiler wrote no trace into {out_dir}")
     return traces[-1], table
+
+
+def train_flops_per_image(model_name: str, channels: int = 3, size: int = 32, classes: int = 10) -> float:
+    """Floating-point operations of one training step (forward + backward) per image,
+    counted by ``torch.utils.flop_counter`` on a batch of two on the CPU."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_model(model_name, channels, classes)
+    x, y = torch.randn(2, channels, size, size), torch.randint(0, classes, (2,))
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / 2
 
 
 def knobs_to_flags(knobs: Knobs) -> list[str]:

@@ -354,7 +354,8 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
                              "numpy": np.random.get_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # this rank's GPU only: a resumed job may see a different number of GPUs per process
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -363,7 +364,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 def history_table(history: list[EpochStats]) -> str:
