@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -83,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grad-as-bucket-view", action="store_true", help="DDP: gradients as views into buckets")
     o = p.add_argument_group("output")
     o.add_argument("--ckpt-dir", default=None, help="write last.pt here each epoch; resume from it")
+    o.add_argument("--ckpt-every-steps", type=positive_int, default=None,
+                   help="also write last.pt every N optimiser steps (a killed job then loses at most N steps)")
     o.add_argument("--log-dir", default=None, help="TensorBoard event files")
     o.add_argument("--no-progress", action="store_true", help="no progress bar (batch jobs)")
     return p
@@ -138,12 +141,16 @@ def main(argv: list[str] | None = None) -> int:
             cudnn_benchmark=args.cudnn_benchmark, channels_last=args.channels_last,
             compile=args.compile, grad_accum=args.grad_accum,
             steps_per_epoch=args.steps_per_epoch, log_dir=args.log_dir, ckpt_dir=args.ckpt_dir,
+            ckpt_every_steps=args.ckpt_every_steps,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
         try:
             trainer = Trainer(model, train_loader, device, config, val_loader=val_loader)
         except ValueError as exc:  # e.g. bf16 on a GPU without it
             return fail(str(exc))
+        # Slurm's warning before the time limit (--signal=USR1@120, or passed on by the batch
+        # shell): checkpoint at the next step and stop, so the requeued job loses seconds.
+        trainer.stop.install(signal.SIGUSR1)
         start = time.perf_counter()
         history = trainer.fit()
         agree = cdist.ranks_agree(trainer.raw_model)
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             "ranks_agree": agree,
             "device": str(device),
             "epochs": trainer.epoch,
+            "stopped": trainer.stopped,
             "train_loss": [h.train_loss for h in history],
             "val_acc": last.val_acc if last else None,
             "images_per_s_per_rank": last.images_per_s if last else None,

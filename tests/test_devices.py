@@ -63,7 +63,7 @@ def test_same_gpu_through_different_views_is_caught():
 
 def test_no_gpu_anywhere_is_gloo_on_auto_and_an_error_on_cuda():
     views = [RankView("laptop")] * 3
-    assert {(p.device, p.backend) for p in place_ranks(views)} == {("cpu", "gloo")}
+    assert {(p.device, p.backend, p.note) for p in place_ranks(views)} == {("cpu", "gloo", "")}, "nothing to explain"
     with pytest.raises(PlacementError, match="no CUDA GPU is visible"):
         place_ranks(views, "cuda")
 

@@ -1,35 +1,73 @@
-"""Kill a worker mid-training under torchrun --max-restarts: the job resumes from
-its last checkpoint and ends with exactly the weights of an uninterrupted run (CPU)."""
+"""Kill or signal a worker mid-training: the job resumes from its last checkpoint and ends with
+exactly the weights (and per-epoch losses) of an uninterrupted run (CPU, workers=0)."""
 
 import os
 import signal
 import time
 
+import pytest
 import torch
 
 from course_utils.checkpoint import load_checkpoint
 from course_utils.launch import find_rank_pid, run_script, start_script
+from course_utils.scaling import parse_result
 
-ARGS = ["--epochs", "4", "--n-train", "1536", "--n-val", "64", "--batch-size", "32", "--workers", "0", "--no-progress"]
+# 2 ranks x batch 32 over 1536 images: 24 optimiser steps per epoch
+ARGS = ["--epochs", "4", "--n-train", "1536", "--n-val", "64", "--batch-size", "32", "--workers", "0",
+        "--no-progress", "--ckpt-every-steps", "5"]
 
 
-def test_killed_worker_resumes_bit_identical(tmp_path):
-    run_script("train.py", [*ARGS, "--ckpt-dir", tmp_path / "straight"], nproc=2, timeout=600, echo=False)
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted run every interrupted one must reproduce."""
+    ckpt = tmp_path_factory.mktemp("straight")
+    run = run_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, timeout=600, echo=False)
+    return load_checkpoint(ckpt / "last.pt"), parse_result(run.output)
 
-    ckpt = tmp_path / "killed"
-    job = start_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, torchrun_args=["--max-restarts=1"])
+
+def wait_for_checkpoint(job, ckpt, mid_epoch: bool):
     deadline = time.time() + 300
-    while not (ckpt / "last.pt").exists():  # the first epoch is done and saved...
+    while True:
         assert job.running() and time.time() < deadline, job.output[-3000:]
-        time.sleep(0.2)
-    victim = find_rank_pid(str(ckpt), rank=1)
-    assert victim, "rank 1 not found"
-    os.kill(victim, signal.SIGKILL)  # ...and rank 1 dies in the middle of a later one
-    result = job.wait(timeout=600)
-    assert "resumed from" in result.output, "torchrun restarted the workers, which resumed from the checkpoint"
+        if (ckpt / "last.pt").exists():
+            state = load_checkpoint(ckpt / "last.pt")
+            if bool(state["in_epoch"]) == mid_epoch:
+                return state
+        time.sleep(0.1)
 
-    a = load_checkpoint(tmp_path / "straight" / "last.pt")
-    b = load_checkpoint(ckpt / "last.pt")
-    assert a["epoch"] == b["epoch"] == 4
+
+def assert_identical(a, b):
+    assert a["epoch"] == b["epoch"] == 4 and a["in_epoch"] is None and b["in_epoch"] is None
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), f"{name} differs after the restart"
+    assert [h["train_loss"] for h in a["history"]] == [h["train_loss"] for h in b["history"]]
+
+
+def test_worker_killed_mid_epoch_resumes_bit_identical_from_a_step_checkpoint(tmp_path, straight):
+    ckpt = tmp_path / "killed"
+    job = start_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, torchrun_args=["--max-restarts=1"])
+    state = wait_for_checkpoint(job, ckpt, mid_epoch=True)  # a step checkpoint inside epoch 0...
+    victim = find_rank_pid(str(ckpt), rank=1)
+    assert victim, "rank 1 not found"
+    os.kill(victim, signal.SIGKILL)  # ...and rank 1 dies soon after it
+    result = job.wait(timeout=600)
+    assert "resumed from" in result.output and "(after batch " in result.output, result.output[-3000:]
+    assert state["in_epoch"]["batches"] % 5 == 0, "step checkpoints every 5 optimiser steps"
+    assert_identical(straight[0], load_checkpoint(ckpt / "last.pt"))
+
+
+def test_a_signal_to_one_rank_stops_all_at_the_same_step_and_the_rerun_is_identical(tmp_path, straight):
+    ckpt = tmp_path / "signalled"
+    args = [*ARGS[:-2], "--ckpt-dir", ckpt]  # no step checkpoints: only the stop writes one mid-epoch
+    job = start_script("train.py", args, nproc=2)
+    wait_for_checkpoint(job, ckpt, mid_epoch=False)  # epoch 0 is done...
+    os.kill(find_rank_pid(str(ckpt), rank=1), signal.SIGUSR1)  # ...rank 1 alone gets the warning
+    first = job.wait(timeout=300)
+    assert parse_result(first.output)["stopped"], first.output[-3000:]
+    assert "stopped on request (SIGUSR1)" in first.output
+    stopped = load_checkpoint(ckpt / "last.pt")
+    assert stopped["epoch"] < 4, "it stopped early, not at the end"
+    second = run_script("train.py", args, nproc=2, timeout=600, echo=False)
+    assert "resumed from" in second.output and not parse_result(second.output)["stopped"]
+    assert_identical(straight[0], load_checkpoint(ckpt / "last.pt"))
+    assert parse_result(second.output)["train_loss"] == straight[1]["train_loss"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import itertools
 import os
 import struct
 import sys
@@ -356,7 +357,7 @@ def make_loader(
     sampler = None
     world = cdist.get_world_size()
     if shuffle or world > 1:
-        sampler = DistributedSampler(
+        sampler = ResumableSampler(
             dataset, num_replicas=world, rank=cdist.get_rank(), shuffle=shuffle, seed=seed,
             drop_last=drop_last,
         )
@@ -379,14 +380,36 @@ def make_loader(
     return loader
 
 
-def set_epoch(loader: DataLoader, epoch: int) -> None:
-    """Make ``epoch``'s order and worker seeds a function of (seed, epoch) only."""
+class ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` that can start an epoch part-way through, for a job
+    resumed from a mid-epoch checkpoint: the same order, minus what was trained."""
+
+    skip = 0  # samples of this rank's slice already used in this epoch
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip)
+
+
+def set_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> bool:
+    """Make ``epoch``'s order and worker seeds a function of (seed, epoch) only.
+
+    ``skip_batches``: start after that many batches of the epoch (a resumed
+    mid-epoch checkpoint). Returns False when this loader cannot skip (not one
+    of :func:`make_loader`'s), so the caller must skip by reading batches.
+    """
     if isinstance(loader.sampler, DistributedSampler):
         loader.sampler.set_epoch(epoch)
     seed = getattr(loader, "course_seed", None)
     if seed is not None and loader.generator is not None:
         # worker processes draw their augmentation seeds from this generator
         loader.generator.manual_seed(seed * 100_003 + epoch)
+    if isinstance(loader.sampler, ResumableSampler):
+        loader.sampler.skip = skip_batches * (loader.batch_size or 1)
+        return True
+    return skip_batches == 0
 
 
 # --------------------------------------------------------------------------- #

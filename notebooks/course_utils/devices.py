@@ -81,8 +81,10 @@ def place_ranks(views: Sequence[RankView], requested: str = "auto", nccl_availab
                 f"{_ranks(no_gpu)} on {', '.join(where)}. Run on a GPU node (and ask Slurm for GPUs: "
                 "--gres=gpu:N or --gpus-per-node=N), or use --device cpu."
             )
-        note = "" if len(no_gpu) == world else f"rank(s) {_ranks(no_gpu)} see no GPU: "
-        return [Placement("cpu", "gloo", (note + "no GPU visible: CPU with gloo").strip())] * world
+        # a note only where some rank does see a GPU: on a CPU machine gloo is what was expected
+        note = "" if len(no_gpu) == world else \
+            f"rank(s) {_ranks(no_gpu)} see no GPU: all ranks run on the CPU with gloo"
+        return [Placement("cpu", "gloo", note)] * world
 
     # Ranks that see the same GPUs on the same host share them: the k-th of them takes the k-th GPU.
     devices: list[str] = []

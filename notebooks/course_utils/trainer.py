@@ -10,6 +10,7 @@ switch in :class:`TrainConfig`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import random
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from torch.utils.data import DataLoader
 from . import dist as cdist
 from .checkpoint import ensure_writable_dir, load_checkpoint, save_checkpoint
 from .data import set_epoch
+from .preemption import StopRequest
 from .timing import Throughput
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp")
@@ -96,6 +98,7 @@ class TrainConfig:
     steps_per_epoch: int | None = None  # cap, for quick runs and benchmarks
     log_dir: str | None = None  # TensorBoard event files (rank 0)
     ckpt_dir: str | None = None  # last.pt written atomically each epoch (rank 0)
+    ckpt_every_steps: int | None = None  # also every N optimiser steps, mid-epoch
     resume: bool = True  # continue from ckpt_dir/last.pt when it exists
     progress: bool = True
     log_every: int = 10
@@ -168,6 +171,10 @@ class Trainer:
         self.history: list[EpochStats] = []
         self.step_losses: list[float] = []
         self.step_callback: Callable[[], None] | None = None  # e.g. a profiler's step()
+        self.stop = StopRequest()  # train.py installs it on SIGUSR1: Slurm's warning before the time limit
+        self.stopped = False  # fit() ended early on a stop request
+        self.epoch_complete = True
+        self._resume_in_epoch: dict[str, Any] | None = None  # from a mid-epoch checkpoint
         self.writer = None
         if self.cfg.log_dir and cdist.is_main_process():
             from torch.utils.tensorboard import SummaryWriter
@@ -208,16 +215,28 @@ class Trainer:
     def train_epoch(self) -> tuple[float, Throughput]:
         """One pass over the training loader (or ``steps_per_epoch`` batches)."""
         self.model.train()
+        # A mid-epoch checkpoint resumes after the batches it had trained, with their loss sum.
+        resume, self._resume_in_epoch = self._resume_in_epoch or {}, None
+        if resume and resume["world_size"] != cdist.get_world_size():
+            cdist.print0(f"the checkpoint was written mid-epoch by {resume['world_size']} ranks, this run has "
+                         f"{cdist.get_world_size()}: epoch {self.epoch} starts again from its first batch")
+            resume = {}
+        start = resume.get("batches", 0)
         set_epoch(self.train_loader, self.epoch)
         n_batches = len(self.train_loader)
         if self.cfg.steps_per_epoch:
             n_batches = min(n_batches, self.cfg.steps_per_epoch)
+        skipped = set_epoch(self.train_loader, self.epoch, skip_batches=start)
         meter = Throughput(self.device, warmup=self.cfg.warmup_steps)
-        total, count = torch.zeros((), device=self.device), 0
+        total = resume["loss_sums"][cdist.get_rank()].to(self.device).reshape(()) if start \
+            else torch.zeros((), device=self.device)
+        count = resume.get("count", 0)
         accum = self.cfg.grad_accum
-        it = self._progress(iter(self.train_loader), n_batches, f"epoch {self.epoch}")
+        batches = iter(self.train_loader) if skipped else itertools.islice(iter(self.train_loader), start, None)
+        it = self._progress(batches, n_batches - start, f"epoch {self.epoch}")
+        self.epoch_complete = True
         meter.start()
-        for i, (x, y) in enumerate(it):
+        for i, (x, y) in enumerate(it, start=start):
             if i >= n_batches:
                 break
             meter.data_ready()
@@ -238,6 +257,9 @@ class Trainer:
                 self.global_step += 1
             total += loss.detach()
             count += 1
+            if last_micro and self._stop_or_checkpoint(i + 1, n_batches, total, count):
+                self.epoch_complete = False
+                break
             meter.step_done(x.shape[0])
             if self.step_callback is not None:
                 self.step_callback()
@@ -257,6 +279,24 @@ class Trainer:
             torch.distributed.all_reduce(mean)
             mean /= cdist.get_world_size()
         return mean.item(), meter
+
+    def _stop_or_checkpoint(self, done: int, n_batches: int, total: torch.Tensor, count: int) -> bool:
+        """After an optimiser step: the step checkpoint every ``ckpt_every_steps``, and
+        True when every rank stops here (a stop request; all ranks agree on the step)."""
+        stopping = self.stop.poll()
+        self.stopped = self.stopped or stopping
+        if done >= n_batches:
+            return False  # the epoch is over: fit() writes its checkpoint
+        every = self.cfg.ckpt_every_steps
+        if self.cfg.ckpt_dir and (stopping or (every and self.global_step % every == 0)):
+            # every rank's own running loss sum, so the resumed epoch reports the same mean
+            sums = [total.detach().reshape(1)]
+            if cdist.get_world_size() > 1:
+                sums = [torch.empty_like(sums[0]) for _ in range(cdist.get_world_size())]
+                torch.distributed.all_gather(sums, total.detach().reshape(1))
+            self.save(self.ckpt_path, in_epoch={"batches": done, "count": count, "world_size": len(sums),
+                                                "loss_sums": [s.cpu() for s in sums]})
+        return stopping
 
     @torch.no_grad()
     def evaluate(self, loader: DataLoader | None = None) -> tuple[float, float]:
@@ -282,6 +322,8 @@ class Trainer:
         """Train until ``config.epochs``; resumes where a checkpoint left off."""
         while self.epoch < self.cfg.epochs:
             train_loss, meter = self.train_epoch()
+            if not self.epoch_complete:
+                break
             if not math.isfinite(train_loss):
                 raise FloatingPointError(
                     f"training loss became {train_loss} in epoch {self.epoch}: lower the "
@@ -305,28 +347,38 @@ class Trainer:
             )
             if self.cfg.ckpt_dir:
                 self.save(self.ckpt_path)
+            if self.stopped:
+                break
+        self.stop.close()
+        if self.stopped:
+            where = f"checkpoint in {self.ckpt_path}" if self.cfg.ckpt_dir else "no checkpoint folder: nothing saved"
+            cdist.print0(f"stopped on request ({self.stop.reason}) after step {self.global_step}, "
+                         f"epoch {self.epoch}: {where}; the next run resumes there")
         if self.writer:
             self.writer.close()
         return self.history
 
     # ------------------------------------------------------------------ #
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, in_epoch: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Everything a resumed run needs; ``in_epoch`` marks a mid-epoch checkpoint
+        (batches of ``epoch`` already trained, and their loss sum and count)."""
         return {
             "model": self.raw_model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "epoch": self.epoch,
+            "in_epoch": in_epoch,
             "global_step": self.global_step,
             "history": [asdict(h) for h in self.history],
             "config": asdict(self.cfg),
             "rng": rng_state(),
         }
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, in_epoch: dict[str, Any] | None = None) -> None:
         """Rank 0 writes atomically; the others wait so nobody reads a half-written file."""
         if cdist.is_main_process():
-            save_checkpoint(self.state_dict(), path)
+            save_checkpoint(self.state_dict(in_epoch), path)
         cdist.barrier()
 
     def load(self, path: str | Path) -> None:
@@ -337,11 +389,13 @@ class Trainer:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.epoch = state["epoch"]
+        self._resume_in_epoch = state.get("in_epoch")
         self.global_step = state["global_step"]
         self.history = [EpochStats(**h) for h in state["history"]]
         if state.get("rng") is not None:
             set_rng_state(state["rng"])
-        cdist.print0(f"resumed from {path} at epoch {self.epoch}")
+        within = f" (after batch {self._resume_in_epoch['batches']})" if self._resume_in_epoch else ""
+        cdist.print0(f"resumed from {path} at epoch {self.epoch}{within}")
 
 
 def rng_state() -> dict[str, Any]:
