@@ -1,4 +1,4 @@
-"""Session-wide hooks: per-notebook times, and the Slurm test cluster for notebook 04."""
+"""Session-wide hooks: system tools installed once, notebook times, the Slurm test cluster for 04-05."""
 
 import importlib.util
 import sys
@@ -31,6 +31,14 @@ def _slurm_cluster_module():
         sys.modules["slurm_cluster"] = module
         spec.loader.exec_module(module)
     return sys.modules["slurm_cluster"]
+
+
+def pytest_sessionstart(session):
+    """Install the system tools the suite needs (slurm-wlm, shellcheck) once, before any test,
+    where this machine can (root on Linux): no test then skips on a fresh machine for want of them."""
+    module = _slurm_cluster_module()
+    if module.unavailable_reason() is None:
+        module.ensure_installed()
 
 
 @pytest.hookimpl(tryfirst=True)

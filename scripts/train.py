@@ -162,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             "hosts": hosts,
             "ranks_agree": agree,
             "device": str(device),
+            "lr": lr,
             "epochs": trainer.epoch,
             "stopped": trainer.stopped,
             "train_loss": [h.train_loss for h in history],

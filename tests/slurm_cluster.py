@@ -15,6 +15,7 @@ machine has. ``auth/none`` means no munge. Needs root and Debian's
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -197,6 +198,22 @@ class SlurmTestCluster:
         for log in sorted(self.work.glob("*.log")) + sorted(self.work.glob("*.out")):
             text = log.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {log.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def job_report(self, job_id: int, records: list[dict[str, str]] | None = None) -> str:
+        """Everything about one job, for an assertion message: its state, its whole log (every
+        start of a requeued job), and each slurmctld/slurmd log line that names it."""
+        out = [f"=== job {job_id}: " + "; ".join(
+            f"{r.get('JobId')} {r.get('JobState')} exit {r.get('ExitCode')} restarts {r.get('Restarts')} "
+            f"reason {r.get('Reason')}" for r in records or [])]
+        for r in records or []:
+            log = Path(r.get("StdOut", ""))
+            if log.is_file():
+                out.append(f"--- {log}\n{log.read_text(errors='replace')}")
+        pattern = re.compile(rf"\b{job_id}\b")
+        for daemon_log in sorted(self.work.glob("*.log")):
+            hits = [line for line in daemon_log.read_text(errors="replace").splitlines() if pattern.search(line)]
+            out.append(f"--- {daemon_log.name}: {len(hits)} line(s) naming job {job_id}\n" + "\n".join(hits[-200:]))
         return "\n".join(out)
 
     def down(self, quiet: bool = False) -> None:

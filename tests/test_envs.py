@@ -33,7 +33,7 @@ def test_shell_scripts_parse(script):
 
 def test_shell_scripts_pass_shellcheck():
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck; tests/test_slurm.py installs it as root)")
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck; the suite installs it as root)")
     out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SHELL)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout
 

@@ -1,27 +1,38 @@
 """Every script in slurm/, submitted unchanged to a real two-node Slurm cluster.
 
-The cluster (tests/slurm_cluster.py) is started for this module and stopped
-after it; the test is skipped, with the reason, where it cannot run (not root,
-not Linux). Only TRAIN_ARGS is set, through the environment, to keep the runs
-small; resources, partitions and launch lines are the scripts' own.
+The cluster (tests/slurm_cluster.py) is started once for the session; the
+tests are skipped, with the reason, where it cannot run (not root, not Linux).
+Only TRAIN_SCRIPT and TRAIN_ARGS are set, through the environment, to keep the
+runs small; resources, partitions and launch lines are the scripts' own.
 """
 
+import importlib.util
+import json
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from course_utils import slurm
-from course_utils.dist import port_from_job_id
+from course_utils.checkpoint import load_checkpoint
+from course_utils.launch import run_script
+from course_utils.scaling import parse_result
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "slurm").glob("*/*.sbatch"))
 TINY = "--model cnn --epochs 2 --n-train 256 --n-val 64 --batch-size 16 --workers 0"
+PLAIN = {"TRAIN_SCRIPT": str(ROOT / "scripts" / "plain_ddp.py"), "TRAIN_ARGS": "--steps 20"}
 
 slurm_cluster_module = pytest.importorskip("slurm_cluster", reason="tests/ is not on sys.path")
 REASON = slurm_cluster_module.unavailable_reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+needs_cluster = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+_spec = importlib.util.spec_from_file_location("slurm_generate", ROOT / "slurm" / "generate.py")
+generate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generate)
+SITES = generate.sites()
 
 
 @pytest.fixture(scope="module")
@@ -32,85 +43,152 @@ def cluster():
     return c
 
 
-def expected_world(script: Path) -> int:
-    text = script.read_text()
-    nodes = int(text.split("--nodes=")[1].split()[0])
-    if "sweep_array" in script.name:
-        return 1
-    gpus = 4 if "frontera" in script.parts[-2] else 2
-    return nodes * gpus
+def expected(script: Path) -> tuple[int, int, int]:
+    """(world size, nodes, result lines per log) that ``script`` must produce."""
+    site, pattern = SITES[script.parent.name], script.stem
+    if pattern == "sweep_array":
+        return 1, 1, generate.trials_per_task(site)
+    nodes = 2 if pattern.startswith("multi_node") else 1
+    return nodes * site["gpus_per_node"], nodes, 1
 
 
-def logs_of(job_id: int, records: list[dict]) -> list[Path]:
-    return [Path(r["StdOut"]) for r in records]
+def plain_results(log: Path) -> list[dict]:
+    return [json.loads(line[6:]) for line in log.read_text().splitlines() if line.startswith("PLAIN ")]
 
 
-def test_every_script_completes_with_the_expected_output(cluster):
-    """All 15 scripts submitted at once (so also: many concurrent jobs), each must end COMPLETED."""
-    jobs = {slurm.sbatch(s, env={"TRAIN_ARGS": TINY}): s for s in SCRIPTS if "requeue" not in s.name}
-    assert len(jobs) >= 5
-    records = slurm.wait(list(jobs), timeout=900)
-    report = []
-    for job_id, script in jobs.items():
+def test_generated_scripts_are_the_committed_ones():
+    out = subprocess.run(["python3", str(ROOT / "slurm" / "generate.py"), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + "\nrun: python slurm/generate.py, and commit what it writes"
+
+
+def test_frontera_sweep_packs_a_trial_per_gpu_and_ft3_takes_one_gpu_per_trial():
+    frontera = (ROOT / "slurm" / "frontera" / "sweep_array.sbatch").read_text()
+    ft3 = (ROOT / "slurm" / "ft3" / "sweep_array.sbatch").read_text()
+    assert "TRIALS_PER_TASK=4" in frontera and "#SBATCH --array=0-0" in frontera and "--gres" not in frontera
+    assert "TRIALS_PER_TASK=1" in ft3 and "#SBATCH --gres=gpu:a100:1" in ft3 and "#SBATCH --array=0-3" in ft3
+
+
+@needs_cluster
+def test_every_script_runs_the_course_script_and_a_plain_torchrun_script(cluster):
+    """Every pattern of every site, at once: the course's train.py, and a plain DDP script
+    that knows nothing of course_utils (it reads RANK, LOCAL_RANK, ... as under torchrun)."""
+    jobs = {}
+    for script in (s for s in SCRIPTS if s.stem != "requeue"):
+        jobs[slurm.sbatch(script, env={"TRAIN_ARGS": TINY})] = (script, "course")
+        jobs[slurm.sbatch(script, env=PLAIN)] = (script, "plain")
+    records = slurm.wait(list(jobs), timeout=1200)
+    for job_id, (script, kind) in jobs.items():
         recs = records[job_id]
-        states = {(r["JobState"], r["ExitCode"]) for r in recs}
-        report.append(f"{script.relative_to(ROOT)}: job {job_id} {sorted(states)}")
-        tails = [p.read_text()[-3000:] for p in logs_of(job_id, recs)]
-        assert states == {("COMPLETED", "0:0")}, "\n".join([report[-1], *tails])
-        for log in logs_of(job_id, recs):
-            res = slurm.results_in_log(log)
-            assert len(res) == 1, f"{log}: one RESULT line, from rank 0 only"
-            r = res[0]
-            assert r["world_size"] == expected_world(script), (script, r)
-            assert r["train_loss"][-1] < r["train_loss"][0], f"{script}: the loss falls"
-            assert r["ranks_agree"], f"{script}: every rank ends with the same parameters"
-            nodes = int(script.read_text().split("--nodes=")[1].split()[0])
-            assert len(r["hosts"]) == nodes, f"{script}: ranks ran on {r['hosts']}"
-    print("\n".join(report))
+        report = cluster.job_report(job_id, recs)
+        assert {(r["JobState"], r["ExitCode"]) for r in recs} == {("COMPLETED", "0:0")}, report
+        world, nodes, per_log = expected(script)
+        for log in (Path(r["StdOut"]) for r in recs):
+            if kind == "course":
+                results = slurm.results_in_log(log)
+                assert len(results) == per_log, f"{script}: a RESULT line per trial, from rank 0 only\n{report}"
+                for r in results:
+                    assert r["world_size"] == world and len(r["hosts"]) == nodes, (script, r)
+                    assert r["train_loss"][-1] < r["train_loss"][0] and r["ranks_agree"], (script, r)
+            else:
+                results = plain_results(log)
+                assert len(results) == per_log, f"{script}: the plain script ran\n{report}"
+                for r in results:
+                    assert (r["world_size"], r["local_world_size"]) == (world, world // nodes), (script, r)
+                    assert r["last_loss"] < r["first_loss"] and r["ranks_agree"], (script, r)
 
 
-def test_requeue_on_signal_resumes_from_the_checkpoint(cluster):
-    script = ROOT / "slurm" / "generic" / "requeue.sbatch"
-    args = "--model cnn --epochs 6 --n-train 2048 --n-val 64 --batch-size 32 --workers 0"
-    job = slurm.sbatch(script, env={"TRAIN_ARGS": args, "COURSE_RUNS": str(ROOT / "runs" / "slurm-test")})
-    ckpt = ROOT / "runs" / "slurm-test" / f"generic-requeue-{job}" / "ckpt" / "last.pt"
-    deadline = time.time() + 300
-    while not ckpt.exists():
-        assert time.time() < deadline, f"no checkpoint after 300 s\n{cluster.logs()}"
-        time.sleep(0.5)
-    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
-    slurm.wait_requeued(job)
-    slurm.release(job)  # a requeued job waits ~2 minutes before it may start again
-    record = slurm.wait([job], timeout=600)[job][0]
-    log = Path(record["StdOut"]).read_text()
-    assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-3000:]
-    assert "requeueing job" in log and "start number 2" in log
-    resumed_at = int(log.split("resumed from ")[1].split(" at epoch ")[1].split()[0])
-    assert 1 <= resumed_at < 6, "the second run continued from a checkpoint, not from scratch"
-    final = slurm.results_in_log(record["StdOut"])[-1]
-    assert final["epochs"] == 6 and len(final["train_loss"]) == 6
+@needs_cluster
+def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path):
+    """Each site's requeue script: the warning signal makes training checkpoint at its next step
+    and stop; the job requeues, resumes after that step, and ends bit for bit where a run
+    that was never interrupted ends (same ranks, one thread each)."""
+    args = "--model cnn --epochs 3 --n-train 4096 --n-val 64 --batch-size 16 --workers 0"
+    one_thread = {"OMP_NUM_THREADS": "1"}
+    jobs = {}
+    for site in SITES:
+        runs = tmp_path / site
+        job = slurm.sbatch(ROOT / "slurm" / site / "requeue.sbatch",
+                           env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **one_thread})
+        jobs[job] = (site, runs / f"{site}-requeue-{job}" / "ckpt" / "last.pt")
+    references = {}
+    for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):
+        ckpt = tmp_path / f"reference-{ranks}"
+        run = run_script("train.py", [*args.split(), "--no-progress", "--ckpt-dir", ckpt], nproc=ranks,
+                         env=one_thread, timeout=900, echo=False)
+        references[ranks] = (load_checkpoint(ckpt / "last.pt"), parse_result(run.output))
+    for job, (_site, ckpt) in jobs.items():
+        deadline = time.time() + 600
+        while not ckpt.exists():  # the first epoch is done: now the time limit "comes near"
+            assert time.time() < deadline, cluster.job_report(job, slurm.job_records(job))
+            time.sleep(0.2)
+        slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
+    for job in jobs:
+        slurm.wait_requeued(job)
+        slurm.release(job)  # a requeued job waits ~2 minutes before it may start again
+    records = slurm.wait(list(jobs), timeout=900)
+    for job, (site, ckpt) in jobs.items():
+        record = records[job][0]
+        report = cluster.job_report(job, records[job])
+        assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
+        log = Path(record["StdOut"]).read_text()
+        assert "stopped on request (SIGUSR1)" in log and "requeueing job" in log and "start number 2" in log, report
+        assert "(after batch " in log.split("start number 2")[1], f"the second start resumed mid-epoch\n{report}"
+        reference, reference_result = references[SITES[site]["gpus_per_node"]]
+        final = load_checkpoint(ckpt)
+        assert final["epoch"] == 3 and final["in_epoch"] is None, report
+        for name, tensor in reference["model"].items():
+            assert torch.equal(tensor, final["model"][name]), f"{site}: {name} differs from the uninterrupted run"
+        assert slurm.results_in_log(record["StdOut"])[-1]["train_loss"] == reference_result["train_loss"]
+
+
+@needs_cluster
+def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
+    script = ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
+    args = "--model cnn --epochs 3 --n-train 1024 --n-val 64 --batch-size 16 --workers 0"
+    jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env={"TRAIN_ARGS": args}) for _ in range(2)]
+    records = slurm.wait(jobs, timeout=600)
+    ports, windows = [], []
+    for job in jobs:
+        rec = records[job][0]
+        report = cluster.job_report(job, records[job])
+        assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), report
+        line = next(x for x in Path(rec["StdOut"]).read_text().splitlines() if "; rendezvous " in x)
+        host, port = line.rsplit("rendezvous ", 1)[1].split(":")
+        assert host == "cnode1", report
+        ports.append(int(port))
+        windows.append((rec["StartTime"], rec["EndTime"]))
+    assert windows[0][0] <= windows[1][1] and windows[1][0] <= windows[0][1], f"the jobs did not overlap: {windows}"
+    assert ports[0] != ports[1], f"both jobs listened on port {ports[0]} of cnode1"
+
+
+def run_sbatch_by_hand(script: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "slurm" / script)], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", **env})
 
 
 def test_script_outside_slurm_says_so():
-    out = subprocess.run(["bash", str(ROOT / "slurm" / "ft3" / "one_node.sbatch")], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin"})
+    out = run_sbatch_by_hand("ft3/one_node.sbatch")
     assert out.returncode != 0 and "submit it with sbatch" in out.stderr
 
 
-def test_batch_port_rule_matches_python():
-    lib = (ROOT / "slurm" / "lib" / "course_job.sh").read_text()
-    assert "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))" in lib
-    for job in (1, 19999, 20000, 123456789):
-        assert port_from_job_id(job) == 20000 + job % 20000
+def test_submitted_from_the_wrong_folder_says_where_to_submit_from(tmp_path):
+    out = run_sbatch_by_hand("generic/one_node.sbatch", SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(tmp_path))
+    assert out.returncode == 2
+    assert "is not the course repository: submit from its root, or set COURSE_ROOT" in out.stderr
+
+
+def test_a_missing_train_script_is_named(tmp_path):
+    out = run_sbatch_by_hand("generic/one_node.sbatch", SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(ROOT),
+                             TRAIN_SCRIPT=str(tmp_path / "nope.py"))
+    assert out.returncode == 2 and f"TRAIN_SCRIPT={tmp_path / 'nope.py'} does not exist" in out.stderr
 
 
 def test_scripts_pass_shellcheck():
     import shutil
 
-    if shutil.which("shellcheck") is None and REASON is None:
-        slurm_cluster_module.ensure_installed()
     if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
-    out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SCRIPTS), "slurm/lib/course_job.sh"],
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck; the suite installs it as root)")
+    libs = sorted((ROOT / "slurm" / "lib").glob("*.sh"))
+    out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SCRIPTS + libs)],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout

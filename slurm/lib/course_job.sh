@@ -1,28 +1,36 @@
 # shellcheck shell=bash
-# Sourced by every sbatch script in slurm/. One place for what all of them do:
+# Sourced by every sbatch script in slurm/ (written by slurm/generate.py). What every job needs:
 #   course_activate    the environment hook (modules + conda where they exist, .venv otherwise)
-#   course_rendezvous  MASTER_ADDR = first node of the job, MASTER_PORT derived from the job id
+#   course_rendezvous  MASTER_ADDR = the job's first node, MASTER_PORT = a port free there now
+#   course_flags DIR   COURSE_ARGV: the course's own train.py flags (checkpoints and logs in DIR);
+#                      empty for any other TRAIN_SCRIPT
+#   TRAIN_SCRIPT       what to run: the course's scripts/train.py unless set; TRAIN_ARGS its flags
+#   RUN_DIR            a folder per job under COURSE_RUNS (exported: your script may use it)
 #   SRUN_CPUS_PER_TASK every srun task gets the job's --cpus-per-task (Slurm >= 22.05 needs this)
-#   COURSE_RUNS        where checkpoints and TensorBoard logs go
-#   TRAIN_ARGS         the arguments for scripts/train.py (override with sbatch --export=ALL,TRAIN_ARGS=...)
 # The scripts themselves only choose resources and a launch pattern.
 
 set -euo pipefail
 
 if [[ -z "${SLURM_JOB_ID:-}" ]]; then
-    echo "error: this is a Slurm batch script: submit it with 'sbatch $0' (from the repository root)," \
-         "or run scripts/train.py directly outside Slurm." >&2
+    echo "error: this is a Slurm batch script: submit it with 'sbatch $0' (from the root of the course" \
+         "repository), or run your training script directly outside Slurm." >&2
     exit 2
 fi
 
-# sbatch runs a copy of the script from a spool folder; the repository is where sbatch was called.
 COURSE_ROOT="${COURSE_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}}"
-if [[ ! -f "$COURSE_ROOT/scripts/train.py" ]]; then
-    echo "error: $COURSE_ROOT is not the course repository: submit from its root or set COURSE_ROOT" >&2
+export PYTHONPATH="$COURSE_ROOT/notebooks${PYTHONPATH:+:$PYTHONPATH}"
+COURSE_TRAIN="$COURSE_ROOT/scripts/train.py"
+TRAIN_SCRIPT="${TRAIN_SCRIPT:-$COURSE_TRAIN}"
+if [[ ! -f "$TRAIN_SCRIPT" ]]; then
+    echo "error: TRAIN_SCRIPT=$TRAIN_SCRIPT does not exist (relative paths start at $PWD, where sbatch ran)" >&2
     exit 2
 fi
-cd "$COURSE_ROOT"
-export PYTHONPATH="$COURSE_ROOT/notebooks${PYTHONPATH:+:$PYTHONPATH}"
+if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" ]]; then
+    TRAIN_ARGS="${TRAIN_ARGS:---model resnet18 --epochs 10 --precision amp --channels-last --workers 4}"
+fi
+TRAIN_ARGS="${TRAIN_ARGS:-}"
+# shellcheck disable=SC2034  # used by the scripts that source this file
+read -r -a TRAIN_ARGV <<< "$TRAIN_ARGS"   # the flags as an array: "${TRAIN_ARGV[@]}"
 
 # The one environment hook. Clusters set COURSE_MODULES / COURSE_CONDA_ENV (see the
 # scripts' defaults, and envs/); anywhere else the project's .venv is used.
@@ -42,15 +50,26 @@ course_activate() {
              "COURSE_CONDA_ENV, or run 'make setup' for the project's .venv" >&2
         exit 2
     fi
-    echo "python: $(command -v python)"
+    echo "python: $(command -v python); script: $TRAIN_SCRIPT ${TRAIN_ARGS}"
 }
 
-# Same rule as course_utils.dist.port_from_job_id: two jobs on a node never share a port.
+# The batch shell runs on the job's first node: the rendezvous is there, on a port that is free
+# there now. (A port derived from the job id would collide for jobs whose ids differ by its range.)
 course_rendezvous() {
     MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-    MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+    MASTER_PORT="$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"
     export MASTER_ADDR MASTER_PORT
     echo "job $SLURM_JOB_ID on ${SLURM_JOB_NUM_NODES:-1} node(s): $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
+}
+
+# The course's train.py writes checkpoints and TensorBoard logs where it is told; any other
+# script gets only TRAIN_ARGS (and may read RUN_DIR from the environment).
+# shellcheck disable=SC2034  # COURSE_ARGV is used by the scripts that source this file
+course_flags() {
+    COURSE_ARGV=()
+    if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" ]]; then
+        COURSE_ARGV=(--ckpt-dir "$1/ckpt" --log-dir "$1/tb" --no-progress)
+    fi
 }
 
 # Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: without this, every
@@ -67,7 +86,4 @@ fi
 
 COURSE_RUNS="${COURSE_RUNS:-$COURSE_ROOT/runs}"
 RUN_DIR="$COURSE_RUNS/${SLURM_JOB_NAME:-job}-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"
-TRAIN_ARGS="${TRAIN_ARGS:---model resnet18 --epochs 10 --precision amp --channels-last --workers 4}"
-# shellcheck disable=SC2034  # used by the scripts that source this file
-read -r -a TRAIN_ARGV <<< "$TRAIN_ARGS"   # the flags as an array: "${TRAIN_ARGV[@]}"
-export COURSE_RUNS RUN_DIR TRAIN_ARGS
+export COURSE_RUNS RUN_DIR TRAIN_SCRIPT TRAIN_ARGS
