@@ -32,7 +32,7 @@ opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 target = torch.arange(8, dtype=torch.float32, device=device)  # learn y = x . target
 g = torch.Generator().manual_seed(rank)  # different data on every rank
 losses = []
-for step in range(args.steps):
+for _ in range(args.steps):
     x = torch.randn(32, 8, generator=g).to(device)
     loss = torch.nn.functional.mse_loss(model(x).squeeze(1), x @ target)
     opt.zero_grad()
