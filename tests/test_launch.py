@@ -154,10 +154,10 @@ def test_benchmark_script_writes_a_table_and_json(tmp_path):
          "--json", out],
         timeout=300, echo=False, env={"COURSE_PROFILE": "ci"},
     )
-    assert "fp32 baseline" in run.output and "best configuration" in run.output
+    assert "fp32 textbook (defaults)" in run.output and "best configuration" in run.output
     payload = json.loads(out.read_text())
     rungs = payload["rungs"]
-    assert rungs[0]["rung"] == "fp32 baseline" and rungs[0]["speedup"] == 1.0
+    assert rungs[0]["rung"] == "fp32 textbook (defaults)" and rungs[0]["speedup"] == 1.0
     measured = [r for r in rungs if not r["status"].startswith("skipped")]
     assert len(measured) >= 3 and all(r["images_per_s"] > 0 for r in measured)
     assert payload["best_speedup"] >= 1.0
