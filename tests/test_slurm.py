@@ -110,12 +110,6 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
         job = slurm.sbatch(ROOT / "slurm" / site / "requeue.sbatch",
                            env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **one_thread})
         jobs[job] = (site, runs / f"{site}-requeue-{job}" / "ckpt" / "last.pt")
-    references = {}
-    for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):
-        ckpt = tmp_path / f"reference-{ranks}"
-        run = run_script("train.py", [*args.split(), "--no-progress", "--ckpt-dir", ckpt], nproc=ranks,
-                         env=one_thread, timeout=900, echo=False)
-        references[ranks] = (load_checkpoint(ckpt / "last.pt"), parse_result(run.output))
     for job, (_site, ckpt) in jobs.items():
         deadline = time.time() + 600
         while not ckpt.exists():  # the first epoch is done: now the time limit "comes near"
@@ -125,6 +119,13 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
     for job in jobs:
         slurm.wait_requeued(job)
         slurm.release(job)  # a requeued job waits ~2 minutes before it may start again
+    # the uninterrupted runs, while the requeued jobs finish
+    references = {}
+    for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):
+        ckpt = tmp_path / f"reference-{ranks}"
+        run = run_script("train.py", [*args.split(), "--no-progress", "--ckpt-dir", ckpt], nproc=ranks,
+                         env=one_thread, timeout=900, echo=False)
+        references[ranks] = (load_checkpoint(ckpt / "last.pt"), parse_result(run.output))
     records = slurm.wait(list(jobs), timeout=900)
     for job, (site, ckpt) in jobs.items():
         record = records[job][0]
@@ -144,7 +145,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
 @needs_cluster
 def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
     script = ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
-    args = "--model cnn --epochs 3 --n-train 1024 --n-val 64 --batch-size 16 --workers 0"
+    args = "--model cnn --epochs 2 --n-train 512 --n-val 64 --batch-size 16 --workers 0"
     jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env={"TRAIN_ARGS": args}) for _ in range(2)]
     records = slurm.wait(jobs, timeout=600)
     ports, windows = [], []

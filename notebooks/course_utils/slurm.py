@@ -97,6 +97,12 @@ def wait_requeued(job_id: int, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
-def release(job_id: int) -> None:
-    """Let a pending job start now (a requeued job otherwise waits its BeginTime)."""
-    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True)
+def release(job_id: int, delay_s: int = 3) -> None:
+    """Let a requeued job start in ``delay_s`` seconds, rather than after its ~2 minute BeginTime.
+
+    Not at once: when a job ends, slurmd revokes its credential with a time stamp
+    of one-second resolution, and a new start of the same job allocated within
+    that second is killed as "Job credential revoked" (the job then ends FAILED,
+    exit 1:0, after one restart). The margin keeps the restart out of that second.
+    """
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{delay_s}"], check=True)

@@ -150,6 +150,7 @@ class Trainer:
             net = DDP(net, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
                       gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
         self.ddp = net if isinstance(net, DDP) else None
+        self._buckets_settled = self.ddp is None
         if self.cfg.compile:
             net = torch.compile(net)
         self.model = net
@@ -241,6 +242,8 @@ class Trainer:
                 break
             meter.data_ready()
             x, y = self._to_device(x, y)
+            if not self._buckets_settled:
+                self._settle_buckets(x)
             last_micro = (i + 1) % accum == 0 or i + 1 == n_batches
             # Skip DDP's all-reduce on all but the last micro-batch of an accumulation.
             sync_ctx = self.ddp.no_sync() if (self.ddp and not last_micro) else contextlib.nullcontext()
@@ -279,6 +282,27 @@ class Trainer:
             torch.distributed.all_reduce(mean)
             mean /= cdist.get_world_size()
         return mean.item(), meter
+
+    def _settle_buckets(self, x: torch.Tensor) -> None:
+        """Let DDP reorder its gradient buckets before the first real step of a run.
+
+        DDP rebuilds its buckets after its first backward pass, in the order the
+        gradients became ready, and with three or more ranks that order decides in
+        which order each gradient element is summed over the ranks. A run resumed
+        from a checkpoint would take its first step with the initial buckets where
+        the uninterrupted run, at that point, used the rebuilt ones: the same maths,
+        other rounding. A zero-loss backward (no optimiser step; buffers such as
+        BatchNorm's running statistics restored) settles the buckets in every run.
+        """
+        saved = {name: buf.clone() for name, buf in self.raw_model.named_buffers()}
+        with self._autocast():
+            zero = self.model(torch.zeros_like(x)).float().sum() * 0
+        zero.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, buf in self.raw_model.named_buffers():
+                buf.copy_(saved[name])
+        self._buckets_settled = True
 
     def _stop_or_checkpoint(self, done: int, n_batches: int, total: torch.Tensor, count: int) -> bool:
         """After an optimiser step: the step checkpoint every ``ckpt_every_steps``, and
