@@ -223,7 +223,7 @@ class Trainer:
                          f"{cdist.get_world_size()}: epoch {self.epoch} starts again from its first batch")
             resume = {}
         start = resume.get("batches", 0)
-        set_epoch(self.train_loader, self.epoch)
+        set_epoch(self.train_loader, self.epoch)  # from its first batch: the epoch's full length
         n_batches = len(self.train_loader)
         if self.cfg.steps_per_epoch:
             n_batches = min(n_batches, self.cfg.steps_per_epoch)
