@@ -8,6 +8,7 @@ slurm/lib/torch_env.sh sets the same variables torchrun does.
 """
 
 import argparse
+import gc
 import json
 import os
 
@@ -47,4 +48,9 @@ if rank == 0:
     print("PLAIN " + json.dumps({"world_size": world, "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
                                  "first_loss": losses[0], "last_loss": losses[-1],
                                  "ranks_agree": all(torch.equal(gathered[0], w) for w in gathered)}), flush=True)
+# DDP holds the process group inside reference cycles: free it before the interpreter exits,
+# or gloo's threads may be torn down then and abort ("terminate called without an active exception").
+dist.barrier()
+del model, opt
+gc.collect()
 dist.destroy_process_group()
