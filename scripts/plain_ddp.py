@@ -11,6 +11,7 @@ import argparse
 import gc
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,10 @@ parser.add_argument("--lr", type=float, default=0.1)
 args = parser.parse_args()
 
 local_rank = int(os.environ["LOCAL_RANK"])
-use_gpu = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+use_gpu = torch.cuda.is_available()  # the same answer on every rank: all NCCL, or all gloo
+if use_gpu and local_rank >= torch.cuda.device_count():  # NCCL never shares a GPU between ranks
+    sys.exit(f"LOCAL_RANK={local_rank} but this process sees {torch.cuda.device_count()} GPU(s): "
+             "start one process per GPU (torchrun --nproc-per-node, srun --ntasks-per-node)")
 device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
 dist.init_process_group("nccl" if use_gpu else "gloo")  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -83,8 +83,7 @@ def sbatch_lines(site_name: str, site: dict, pattern: str) -> str:
     return "\n".join(f"##SBATCH {line[1:]}" if line.startswith("#") else f"#SBATCH {line}" for line in lines)
 
 
-def render(site_name: str, pattern: str) -> str:
-    site = sites()[site_name]
+def render(site_name: str, site: dict, pattern: str) -> str:
     path = f"slurm/{site_name}/{pattern}.sbatch"
     gpus = (f'GPUS_PER_NODE={site["gpus_per_node"]}' if site["whole_nodes"]
             else f'GPUS_PER_NODE="${{SLURM_GPUS_ON_NODE:-{site["gpus_per_node"]}}}"')
@@ -113,19 +112,21 @@ def render(site_name: str, pattern: str) -> str:
 
 
 def outputs() -> dict[Path, str]:
-    return {HERE / name / f"{pattern}.sbatch": render(name, pattern) for name in sites() for pattern in patterns()}
+    return {HERE / name / f"{pattern}.sbatch": render(name, site, pattern)
+            for name, site in sites().items() for pattern in patterns()}
 
 
 def main(argv: list[str]) -> int:
-    stale = [path for path, text in outputs().items() if not path.exists() or path.read_text() != text]
+    scripts = outputs()
+    stale = [path for path, text in scripts.items() if not path.exists() or path.read_text() != text]
     if "--check" in argv:
         for path in stale:
             print(f"{path.relative_to(HERE.parent)} is out of date: run python slurm/generate.py", file=sys.stderr)
         return 1 if stale else 0
-    for path, text in outputs().items():
+    for path, text in scripts.items():
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
-    print(f"wrote {len(outputs())} scripts ({len(stale)} changed)")
+    print(f"wrote {len(scripts)} scripts ({len(stale)} changed)")
     return 0
 
 
