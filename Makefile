@@ -24,7 +24,7 @@ help:
 	@echo "make lock    regenerate constraints.txt from the installed environment"
 
 $(STAMP): pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 10) else "Python >= 3.10 is needed (3.11 is what the pins were tested on); set PYTHON=/path/to/python3.11")'
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python >= 3.11 is needed (tomllib reads the config files; the pins were tested on 3.11); set PYTHON=/path/to/python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[lab,test]'
 	@touch $(STAMP)

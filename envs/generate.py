@@ -12,9 +12,8 @@ fails if a committed file differs from what this script writes).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTERS = {

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from course_utils import dist as cdist
 from course_utils.collectives import bandwidths, ring_all_reduce, time_op
 from course_utils.devices import add_device_flag
+from course_utils.results import emit_result
 
 
 def check_ring(device: torch.device, sizes: list[int]) -> tuple[bool, float]:
@@ -53,8 +54,7 @@ def main() -> int:
     args = p.parse_args()
     if args.min_kib < 1 or args.max_mib * 1024 < args.min_kib or args.iters < 1:
         p.error("need 1 <= --min-kib <= --max-mib*1024 and --iters >= 1")
-    info, device = cdist.init_distributed(args.device)
-    try:
+    with cdist.session(args.device) as (info, device):
         n = info.world_size
         cdist.require_processes(2, "allreduce_bench.py")
         backend = dist.get_backend()
@@ -82,10 +82,8 @@ def main() -> int:
         if args.json and cdist.is_main_process():
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2))
-        cdist.print0("RESULT " + json.dumps({k: v for k, v in result.items() if k != "rows"}))
+        emit_result({k: v for k, v in result.items() if k != "rows"})
         return 0 if exact and err < 1e-12 else 1
-    finally:
-        cdist.cleanup()
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from course_utils import pick
+from course_utils.hardware import threads_per_rank
 from course_utils.models import MODELS
-from course_utils.scaling import OPTIMISED, default_threads_per_rank, measure_scaling, optimised_args, scaling_table
+from course_utils.scaling import OPTIMISED, measure_scaling, optimised_args, scaling_table
 
 
 def main() -> int:
@@ -40,7 +41,7 @@ def main() -> int:
     on_gpu = args.device != "cpu" and gpus > 0
     if on_gpu and max(sizes) > gpus:
         p.error(f"--world-sizes up to {max(sizes)} but only {gpus} GPUs here; use --device cpu for gloo ranks")
-    threads = None if on_gpu else (args.threads_per_rank or default_threads_per_rank(max(sizes)))
+    threads = None if on_gpu else (args.threads_per_rank or threads_per_rank(max(sizes)))
     steps = args.steps + 2  # the Trainer does not time its first 2 steps
     setup = ["--precision", "fp32", "--workers", "0"] if args.textbook else optimised_args(on_gpu, max(sizes))
     train_args = ["--model", args.model, "--batch-size", args.batch_size, "--epochs", 1,

@@ -27,13 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", choices=MODELS, default=pick(ci="cnn", full="resnet18"))
     p.add_argument("--batch-size", type=int, default=pick(ci=64, full=256))
     p.add_argument("--steps", type=int, default=pick(ci=10, full=50), help="timed steps per rung")
-    p.add_argument("--warmup", type=int, default=pick(ci=3, full=10), help="untimed steps per rung")
+    p.add_argument("--untimed-steps", type=int, default=pick(ci=3, full=10),
+                   help="steps per rung before the clock starts")
     p.add_argument("--workers", type=int, default=pick(ci=2, full=8), help="workers for the workers rung")
     p.add_argument("--device", default="auto")
     p.add_argument("--compile-on-cpu", action="store_true", help="also try torch.compile on a CPU")
     p.add_argument("--json", type=Path, default=Path("runs/benchmark_single.json"), help="where to write results")
     args = p.parse_args(argv)
-    for name in ("batch_size", "steps", "warmup"):
+    for name in ("batch_size", "steps", "untimed_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.workers < 0:
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     where = ", ".join(g["name"] for g in env["gpus"]) or f"CPU ({env['cpu']}, {env['cores_usable']} cores)"
     print(f"device: {where}; torch {env['torch']}")
     settings = LadderSettings(
-        model=args.model, batch_size=args.batch_size, steps=args.steps, warmup=args.warmup,
+        model=args.model, batch_size=args.batch_size, steps=args.steps, untimed_steps=args.untimed_steps,
         workers=args.workers, device=args.device, compile_on_cpu=args.compile_on_cpu,
     )
     print(f"{args.model}, batch {args.batch_size}, {args.steps} timed steps per rung\n")

@@ -13,7 +13,6 @@ what the operation must produce; a wrong result exits non-zero.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from course_utils import dist as cdist
 from course_utils.devices import add_device_flag
+from course_utils.results import emit_result
 
 K = 3  # elements per tensor
 
@@ -127,15 +127,13 @@ def main() -> int:
     p.add_argument("--ops", nargs="+", choices=OPS, default=OPS)
     add_device_flag(p)
     args = p.parse_args()
-    info, device = cdist.init_distributed(args.device)
-    try:
+    with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "collectives_demo.py")
         cdist.print0(f"{info.world_size} ranks, backend {dist.get_backend()}, device {device.type}")
         results = {op: demo(op, info.rank, info.world_size, device) for op in args.ops}
-        cdist.print0("\nRESULT " + json.dumps({"world_size": info.world_size, "checks": results}))
+        cdist.print0()
+        emit_result({"world_size": info.world_size, "checks": results})
         return 0 if all(results.values()) else 1
-    finally:
-        cdist.cleanup()
 
 
 if __name__ == "__main__":

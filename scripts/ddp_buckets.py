@@ -14,7 +14,6 @@ all-reduces; each configuration's backward step is timed.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -26,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_utils import dist as cdist
 from course_utils.devices import add_device_flag
 from course_utils.models import MODELS, build_model, count_parameters
+from course_utils.results import emit_result
 
 
 def measure(model_name: str, device: torch.device, cap_mb: float, as_view: bool, batch: int,
@@ -73,8 +73,7 @@ def main() -> int:
     p.add_argument("--caps", type=float, nargs="+", default=[1.0, 25.0, 100.0])
     add_device_flag(p)
     args = p.parse_args()
-    info, device = cdist.init_distributed(args.device)
-    try:
+    with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "ddp_buckets.py")
         mib = count_parameters(build_model(args.model)) * 4 / 2**20
         cdist.print0(f"{args.model}: {mib:.1f} MiB of fp32 gradients; {info.world_size} ranks, {dist.get_backend()}")
@@ -88,10 +87,8 @@ def main() -> int:
         for r in rows:
             cdist.print0(f"{r['bucket_cap_mb']:9g} {str(r['grad_as_bucket_view']):>7s} {r['accum']:5d} "
                          f"{str(r['no_sync']):>7s} {r['allreduces_per_step']:16.1f} {r['ms_per_step']:8.1f}")
-        cdist.print0("RESULT " + json.dumps({"world_size": info.world_size, "grad_mib": mib, "rows": rows}))
+        emit_result({"world_size": info.world_size, "grad_mib": mib, "rows": rows})
         return 0
-    finally:
-        cdist.cleanup()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -26,7 +25,9 @@ from course_utils import dist as cdist
 from course_utils.data import get_datasets, make_loader
 from course_utils.devices import add_device_flag
 from course_utils.models import build_model
-from course_utils.trainer import TrainConfig, Trainer, set_tf32
+from course_utils.precision import set_tf32
+from course_utils.results import emit_result
+from course_utils.trainer import TrainConfig, Trainer
 
 ATOL, RTOL = 1e-5, 1e-4  # float32, a few SGD steps
 
@@ -102,8 +103,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     add_device_flag(p)
     args = p.parse_args()
-    info, device = cdist.init_distributed(args.device)
-    try:
+    with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "ddp_checks.py")
         # A float32-sized tolerance needs float32 math: TF32 (PyTorch's default for cuDNN
         # convolutions on Ampere and later) keeps 10 mantissa bits and would exceed it.
@@ -121,11 +121,9 @@ def main() -> int:
         )
         ok = (identical and differed and eq["within_tolerance"] and eq["ranks_identical"]
               and eq["max_moved"] > 100 * ATOL)
-        cdist.print0("RESULT " + json.dumps({"world_size": info.world_size, "grads_identical": identical,
-                                              "local_grads_differed": differed, **eq, "ok": ok}))
+        emit_result({"world_size": info.world_size, "grads_identical": identical,
+                     "local_grads_differed": differed, **eq, "ok": ok})
         return 0 if ok else 1
-    finally:
-        cdist.cleanup()
 
 
 if __name__ == "__main__":

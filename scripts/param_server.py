@@ -18,7 +18,6 @@ slower, as a busy node would be.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils import dist as cdist
+from course_utils.results import emit_result
 
 
 def compute(rank: int, world: int, ms: float, straggler: float) -> None:
@@ -113,8 +113,7 @@ def main() -> int:
     args = p.parse_args()
     if args.mib <= 0 or args.steps < 1 or args.compute_ms < 0 or args.straggler < 1:
         p.error("need --mib > 0, --steps >= 1, --compute-ms >= 0, --straggler >= 1")
-    info, device = cdist.init_distributed("cpu")  # point-to-point on CPU tensors: gloo everywhere
-    try:
+    with cdist.session("cpu") as (info, device):  # point-to-point on CPU tensors: gloo everywhere
         n = info.world_size
         cdist.require_processes(3, "param_server.py", " (a server and two workers)")
         numel = int(args.mib * 2**20 / 4)
@@ -146,10 +145,8 @@ def main() -> int:
         for name, r in results.items():
             cdist.print0(f"{name:10s} {r['ms_per_step']:8.1f} {r['updates_per_s']:10.1f} {r['samples_per_s']:8.1f} "
                          f"{r['busiest_rank_mib_per_step']:23.1f} {r['mean_staleness']:9.2f}")
-        cdist.print0("RESULT " + json.dumps({"world_size": n, "mib": args.mib, "schemes": results}))
+        emit_result({"world_size": n, "mib": args.mib, "schemes": results})
         return 0
-    finally:
-        cdist.cleanup()
 
 
 if __name__ == "__main__":

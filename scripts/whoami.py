@@ -9,13 +9,13 @@ what course_utils.dist made of it. Run it under any launcher:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import torch.distributed as dist
 
 from course_utils import dist as cdist
+from course_utils.results import emit_result
 
 SHOWN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
          "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
@@ -23,15 +23,12 @@ SHOWN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", 
 
 
 def main() -> int:
-    info, device = cdist.init_distributed("cpu")
-    try:
+    with cdist.session("cpu") as (info, device):
         env = {k: os.environ[k] for k in SHOWN if k in os.environ}
         backend = dist.get_backend() if cdist.is_initialized() else "none"
         cdist.print_ranks(f"{cdist.describe(info)} backend={backend}\n    env: {env}")
-        cdist.print0("RESULT " + json.dumps({"world_size": cdist.get_world_size(), "launcher": info.launcher}))
+        emit_result({"world_size": cdist.get_world_size(), "launcher": info.launcher})
         return 0
-    finally:
-        cdist.cleanup()
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 import re
 import sys
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SWEEP_TRIALS = 4  # entries of SWEEP in templates/sweep_array.sbatch

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from course_utils.waiting import wait_until
+
 WORKDIR = Path(os.environ.get("COURSE_SLURM_DIR", "/tmp/course-slurm"))
 BRIDGE, SUBNET = "cslbr0", "10.77.0"
 CONTROLLER = (socket.gethostname().split(".")[0], f"{SUBNET}.1")  # slurmctld checks its own name
@@ -178,20 +180,21 @@ class SlurmTestCluster:
         lines = [f"{a} {n} {HOSTS_MARK}" for n, a in NODES]
         Path("/etc/hosts").write_text(hosts.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
 
-    def _wait_idle(self, timeout: float) -> None:
-        deadline = time.time() + timeout
+    def _wait_idle(self, timeout_s: float) -> None:
         last = ""
-        while time.time() < deadline:
+
+        def idle() -> bool:
+            nonlocal last
             for p in self.procs:
                 if p.poll() is not None:
                     raise ClusterError(f"a Slurm daemon exited ({p.args}); see {self.work}/*.log\n{self.logs()}")
             out = _run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
             last = out.stdout + out.stderr
             states = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
-            if len(states) >= len(NODES) and all(s.startswith("idle") for s in states.values()):
-                return
-            time.sleep(0.5)
-        raise ClusterError(f"nodes did not become idle within {timeout:.0f} s: {last}\n{self.logs()}")
+            return len(states) >= len(NODES) and all(s.startswith("idle") for s in states.values())
+
+        wait_until(idle, timeout_s, lambda: ClusterError(
+            f"nodes did not become idle within {timeout_s:.0f} s: {last}\n{self.logs()}"), interval_s=0.5)
 
     def logs(self, lines: int = 30) -> str:
         out = []

@@ -5,12 +5,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
 
 from course_utils.checkpoint import ensure_writable_dir, load_checkpoint, save_checkpoint
+from course_utils.waiting import wait_until
 
 
 def test_round_trip_and_map_location(tmp_path):
@@ -44,11 +44,11 @@ def test_kill_mid_write_keeps_old_checkpoint(tmp_path):
     )
     proc = subprocess.Popen([sys.executable, "-c", child])
     try:
-        deadline = time.time() + 60
-        while not marker.exists():
+        def writing() -> bool:
             assert proc.poll() is None, "the writer exited before reaching the stall"
-            assert time.time() < deadline, "the writer never started writing"
-            time.sleep(0.05)
+            return marker.exists()
+
+        wait_until(writing, 60, "the writer never started writing", interval_s=0.05)
         temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
         assert temps, "the new checkpoint was being written to a temporary file"
     finally:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from course_utils import data
+from course_utils.data import __main__ as data_cli
 from course_utils.models import build_model
 from course_utils.trainer import TrainConfig, Trainer
 
@@ -100,7 +101,7 @@ def test_missing_real_dataset_says_what_to_run(tmp_path):
 
 
 def test_check_command_reports_missing_data(tmp_path, capsys):
-    assert data.main(["check", "mnist", "--root", str(tmp_path)]) == 1
+    assert data_cli.main(["check", "mnist", "--root", str(tmp_path)]) == 1
     assert "python -m course_utils.data download mnist" in capsys.readouterr().err
 
 

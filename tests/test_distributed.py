@@ -11,13 +11,14 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from course_utils.dist import free_port
-from course_utils.launch import REPO_ROOT, child_env, run_script
-from course_utils.scaling import parse_result
+from course_utils.launch import child_env, run_script
+from course_utils.paths import REPO_ROOT
+from course_utils.results import parse_result
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_hand_written_ring_equals_all_reduce(world):
-    run = run_script("allreduce_bench.py", ["--check-only"], nproc=world, timeout=300, echo=False)
+    run = run_script("allreduce_bench.py", ["--check-only"], nproc=world, timeout_s=300, echo=False)
     result = parse_result(run.output)
     assert result["world_size"] == world
     assert result["ring_int_exact"], "integer sums must match exactly"
@@ -25,7 +26,7 @@ def test_hand_written_ring_equals_all_reduce(world):
 
 
 def test_ddp_gradients_identical_and_n_by_b_equals_one_by_nb():
-    run = run_script("ddp_checks.py", ["--steps", "4"], nproc=2, timeout=300, echo=False)
+    run = run_script("ddp_checks.py", ["--steps", "4"], nproc=2, timeout_s=300, echo=False)
     r = parse_result(run.output)
     assert r["local_grads_differed"] and r["grads_identical"]
     assert r["ranks_identical"] and r["within_tolerance"] and r["steps"] == 4
@@ -58,7 +59,7 @@ def test_three_torchrun_jobs_at_once_do_not_clash():
     def job(i):
         try:
             results[i] = run_script("collectives_demo.py", ["--ops", "all_reduce", "broadcast", "barrier"],
-                                    nproc=2, timeout=300, echo=False)
+                                    nproc=2, timeout_s=300, echo=False)
         except Exception as exc:  # collected, asserted below
             errors.append(exc)
 

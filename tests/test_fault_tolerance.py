@@ -3,14 +3,14 @@ exactly the weights (and per-epoch losses) of an uninterrupted run (CPU, workers
 
 import os
 import signal
-import time
 
 import pytest
 import torch
 
 from course_utils.checkpoint import load_checkpoint
 from course_utils.launch import find_rank_pid, run_script, start_script
-from course_utils.scaling import parse_result
+from course_utils.results import parse_result
+from course_utils.waiting import wait_until
 
 # 2 ranks x batch 32 over 1536 images: 24 optimiser steps per epoch
 ARGS = ["--epochs", "4", "--n-train", "1536", "--n-val", "64", "--batch-size", "32", "--workers", "0",
@@ -21,19 +21,20 @@ ARGS = ["--epochs", "4", "--n-train", "1536", "--n-val", "64", "--batch-size", "
 def straight(tmp_path_factory):
     """The uninterrupted run every interrupted one must reproduce."""
     ckpt = tmp_path_factory.mktemp("straight")
-    run = run_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, timeout=600, echo=False)
+    run = run_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, timeout_s=600, echo=False)
     return load_checkpoint(ckpt / "last.pt"), parse_result(run.output)
 
 
 def wait_for_checkpoint(job, ckpt, mid_epoch: bool):
-    deadline = time.time() + 300
-    while True:
-        assert job.running() and time.time() < deadline, job.output[-3000:]
+    def written() -> dict | None:
+        assert job.running(), job.output[-3000:]
         if (ckpt / "last.pt").exists():
             state = load_checkpoint(ckpt / "last.pt")
             if bool(state["in_epoch"]) == mid_epoch:
                 return state
-        time.sleep(0.1)
+        return None
+
+    return wait_until(written, 300, lambda: AssertionError(job.output[-3000:]), interval_s=0.05)
 
 
 def assert_identical(a, b):
@@ -50,7 +51,7 @@ def test_worker_killed_mid_epoch_resumes_bit_identical_from_a_step_checkpoint(tm
     victim = find_rank_pid(str(ckpt), rank=1)
     assert victim, "rank 1 not found"
     os.kill(victim, signal.SIGKILL)  # ...and rank 1 dies soon after it
-    result = job.wait(timeout=600)
+    result = job.wait(timeout_s=600)
     assert "resumed from" in result.output and "(after batch " in result.output, result.output[-3000:]
     assert state["in_epoch"]["batches"] % 5 == 0, "step checkpoints every 5 optimiser steps"
     assert_identical(straight[0], load_checkpoint(ckpt / "last.pt"))
@@ -62,12 +63,12 @@ def test_a_signal_to_one_rank_stops_all_at_the_same_step_and_the_rerun_is_identi
     job = start_script("train.py", args, nproc=2)
     wait_for_checkpoint(job, ckpt, mid_epoch=False)  # epoch 0 is done...
     os.kill(find_rank_pid(str(ckpt), rank=1), signal.SIGUSR1)  # ...rank 1 alone gets the warning
-    first = job.wait(timeout=300)
+    first = job.wait(timeout_s=300)
     assert parse_result(first.output)["stopped"], first.output[-3000:]
     assert "stopped on request (SIGUSR1)" in first.output
     stopped = load_checkpoint(ckpt / "last.pt")
     assert stopped["epoch"] < 4, "it stopped early, not at the end"
-    second = run_script("train.py", args, nproc=2, timeout=600, echo=False)
+    second = run_script("train.py", args, nproc=2, timeout_s=600, echo=False)
     assert "resumed from" in second.output and not parse_result(second.output)["stopped"]
     assert_identical(straight[0], load_checkpoint(ckpt / "last.pt"))
     assert parse_result(second.output)["train_loss"] == straight[1]["train_loss"]

@@ -5,13 +5,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from course_utils.dist import free_port
+from course_utils.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,15 +29,14 @@ def test_make_lab_serves_the_notebooks():
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 120
-        while True:
+        def answer() -> tuple[int, str] | None:
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
             try:
-                status, body = _get(f"{base}/api/status?token={token}")
-                break
+                return _get(f"{base}/api/status?token={token}")
             except OSError:
-                assert time.time() < deadline, "JupyterLab did not answer within 120 s"
-                time.sleep(0.5)
+                return None
+
+        status, body = wait_until(answer, 120, "JupyterLab did not answer within 120 s", interval_s=0.5)
         assert status == 200 and "started" in json.loads(body)
         status, body = _get(f"{base}/api/contents/notebooks?token={token}")
         names = {item["name"] for item in json.loads(body)["content"]}
@@ -49,7 +48,7 @@ def test_make_lab_serves_the_notebooks():
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout_s=20)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

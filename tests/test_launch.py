@@ -9,7 +9,7 @@ import time
 import pytest
 
 from course_utils.launch import LaunchError, run_command, run_script
-from course_utils.scaling import parse_result
+from course_utils.results import parse_result
 
 
 def result_of(run):
@@ -21,7 +21,7 @@ def test_train_script_learns_as_a_plain_process(tmp_path):
         "train.py",
         ["--epochs", "2", "--n-train", "1536", "--n-val", "512", "--workers", "0",
          "--ckpt-dir", tmp_path / "ckpt", "--log-dir", tmp_path / "tb"],
-        timeout=300, echo=False,
+        timeout_s=300, echo=False,
     )
     result = result_of(run)
     assert result["world_size"] == 1 and result["epochs"] == 2
@@ -35,7 +35,7 @@ def test_train_script_under_torchrun_two_gloo_ranks(tmp_path):
         "train.py",
         ["--epochs", "2", "--n-train", "1024", "--n-val", "256", "--workers", "0",
          "--batch-size", "32", "--ckpt-dir", tmp_path / "ckpt"],
-        nproc=2, timeout=300, echo=False,
+        nproc=2, timeout_s=300, echo=False,
     )
     result = result_of(run)
     assert result["world_size"] == 2 and result["ranks_agree"] is True
@@ -54,14 +54,14 @@ def test_train_script_under_torchrun_two_gloo_ranks(tmp_path):
     ],
 )
 def test_bad_cli_values_are_argparse_errors(args, expected):
-    run = run_script("train.py", args, check=False, echo=False, timeout=120)
+    run = run_script("train.py", args, check=False, echo=False, timeout_s=120)
     assert run.returncode == 2
     assert expected in run.output and "Traceback" not in run.output
 
 
 def test_missing_dataset_names_the_login_node_command(tmp_path):
     run = run_script("train.py", ["--dataset", "cifar10", "--data-root", tmp_path],
-                     check=False, echo=False, timeout=120)
+                     check=False, echo=False, timeout_s=120)
     assert run.returncode == 2 and "Traceback" not in run.output
     assert f"python -m course_utils.data download cifar10 --root {tmp_path}" in run.output
 
@@ -71,7 +71,7 @@ def test_cuda_without_gpu_is_one_clear_line():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    run = run_script("train.py", ["--device", "cuda"], check=False, echo=False, timeout=120)
+    run = run_script("train.py", ["--device", "cuda"], check=False, echo=False, timeout_s=120)
     assert run.returncode != 0 and "Traceback" not in run.output
     assert "no CUDA GPU is visible" in run.output
 
@@ -81,14 +81,14 @@ def test_cuda_without_gpu_under_torchrun_stops_every_rank_with_the_same_line():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    run = run_script("train.py", ["--device", "cuda"], nproc=2, check=False, echo=False, timeout=120)
+    run = run_script("train.py", ["--device", "cuda"], nproc=2, check=False, echo=False, timeout_s=120)
     assert run.returncode != 0
     # rank 0 placed both ranks at the rendezvous; each rank reports the one decision, then stops
     assert run.output.count("error: --device cuda was asked for, but no CUDA GPU is visible to rank(s) 0, 1") == 2
 
 
 def test_a_rank_that_skips_a_collective_fails_the_job_at_the_timeout():
-    run = run_script("collective_timeout.py", ["--device", "cpu"], nproc=2, check=False, echo=False, timeout=120,
+    run = run_script("collective_timeout.py", ["--device", "cpu"], nproc=2, check=False, echo=False, timeout_s=120,
                      env={"COURSE_DIST_TIMEOUT": "3"})
     assert run.returncode != 0 and run.seconds < 60, "the collective timed out instead of hanging"
     assert "rank 0: the all_reduce failed after" in run.output
@@ -99,7 +99,7 @@ def test_unwritable_checkpoint_folder_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     start = time.perf_counter()
-    run = run_script("train.py", ["--ckpt-dir", blocker / "ckpt"], check=False, echo=False, timeout=120)
+    run = run_script("train.py", ["--ckpt-dir", blocker / "ckpt"], check=False, echo=False, timeout_s=120)
     assert run.returncode == 2 and "not writable" in run.output
     assert "epoch 0" not in run.output and "Traceback" not in run.output
     assert time.perf_counter() - start < 60
@@ -114,7 +114,7 @@ def test_timeout_kills_the_whole_process_tree(tmp_path):
         "print('started', flush=True); time.sleep(300)"
     )
     with pytest.raises(LaunchError, match="did not finish within 3 s") as err:
-        run_command([sys.executable, "-c", code], timeout=3, echo=False)
+        run_command([sys.executable, "-c", code], timeout_s=3, echo=False)
     assert err.value.result.timed_out and "started" in err.value.result.output
     child = int(pid_file.read_text())
     for _ in range(50):  # the grandchild must be gone too, not orphaned
@@ -142,7 +142,7 @@ def test_launched_scripts_find_course_utils_without_an_install():
     # (no site-packages, so no editable install) only PYTHONPATH can find it.
     code = "import importlib.util as u; print(u.find_spec('course_utils').origin)"
     run = run_command([sys.executable, "-S", "-c", code], env={"PYTHONPATH": "/elsewhere"},
-                      echo=False, timeout=60)
+                      echo=False, timeout_s=60)
     assert run.output.strip().endswith("notebooks/course_utils/__init__.py")
 
 
@@ -150,9 +150,9 @@ def test_benchmark_script_writes_a_table_and_json(tmp_path):
     out = tmp_path / "ladder.json"
     run = run_script(
         "benchmark_single.py",
-        ["--model", "cnn", "--batch-size", "32", "--steps", "3", "--warmup", "1", "--workers", "1",
+        ["--model", "cnn", "--batch-size", "32", "--steps", "3", "--untimed-steps", "1", "--workers", "1",
          "--json", out],
-        timeout=300, echo=False, env={"COURSE_PROFILE": "ci"},
+        timeout_s=300, echo=False, env={"COURSE_PROFILE": "ci"},
     )
     assert "fp32 textbook (defaults)" in run.output and "best configuration" in run.output
     payload = json.loads(out.read_text())
@@ -167,3 +167,17 @@ def test_data_cli_help_runs():
     out = subprocess.run([sys.executable, "-m", "course_utils.data", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "download" in out.stdout
+
+
+def test_wait_until_returns_the_answer_or_raises_what_was_still_missing():
+    from course_utils.waiting import wait_until
+
+    calls = []
+    assert wait_until(lambda: calls.append(1) or (len(calls) >= 3 and "ready"), 5, "never", interval_s=0.01) == "ready"
+    missing = ["rank 1"]
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"still missing: \['rank 1'\]"):
+        wait_until(lambda: not missing, 0.2, lambda: RuntimeError(f"still missing: {missing}"), interval_s=0.01)
+    assert 0.2 <= time.monotonic() - start < 5
+    with pytest.raises(TimeoutError, match="nothing came"):
+        wait_until(lambda: None, 0, "nothing came")

@@ -3,10 +3,10 @@ the pins in pyproject and constraints.txt agree."""
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -18,7 +18,8 @@ import torch
 from course_utils import slurm
 from course_utils.checkpoint import load_checkpoint
 from course_utils.launch import run_script
-from course_utils.scaling import parse_result
+from course_utils.results import parse_result, results_in_log
+from course_utils.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "slurm").glob("*/*.sbatch"))
@@ -77,7 +78,7 @@ def test_every_script_runs_the_course_script_and_a_plain_torchrun_script(cluster
         if script.stem != "requeue":  # the course's requeue runs have a test of their own
             jobs[slurm.sbatch(script, env={"TRAIN_ARGS": TINY})] = (script, "course")
         jobs[slurm.sbatch(script, env=PLAIN)] = (script, "plain")
-    records = slurm.wait(list(jobs), timeout=1200)
+    records = slurm.wait(list(jobs), timeout_s=1200)
     for job_id, (script, kind) in jobs.items():
         recs = records[job_id]
         report = cluster.job_report(job_id, recs)
@@ -85,7 +86,7 @@ def test_every_script_runs_the_course_script_and_a_plain_torchrun_script(cluster
         world, nodes, per_log = expected(script)
         for log in (Path(r["StdOut"]) for r in recs):
             if kind == "course":
-                results = slurm.results_in_log(log)
+                results = results_in_log(log)
                 assert len(results) == per_log, f"{script}: a RESULT line per trial, from rank 0 only\n{report}"
                 for r in results:
                     assert r["world_size"] == world and len(r["hosts"]) == nodes, (script, r)
@@ -112,10 +113,9 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
                            env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **one_thread})
         jobs[job] = (site, runs / f"{site}-requeue-{job}" / "ckpt" / "last.pt")
     for job, (_site, ckpt) in jobs.items():
-        deadline = time.time() + 600
-        while not ckpt.exists():  # the first epoch is done: now the time limit "comes near"
-            assert time.time() < deadline, cluster.job_report(job, slurm.job_records(job))
-            time.sleep(0.2)
+        # the first epoch is done: now the time limit "comes near"
+        wait_until(ckpt.exists, 600, lambda job=job: AssertionError(cluster.job_report(job, slurm.job_records(job))),
+                   interval_s=0.2)
         slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
     for job in jobs:
         slurm.wait_requeued(job)
@@ -125,9 +125,9 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
     for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):
         ckpt = tmp_path / f"reference-{ranks}"
         run = run_script("train.py", [*args.split(), "--no-progress", "--ckpt-dir", ckpt], nproc=ranks,
-                         env=one_thread, timeout=900, echo=False)
+                         env=one_thread, timeout_s=900, echo=False)
         references[ranks] = (load_checkpoint(ckpt / "last.pt"), parse_result(run.output))
-    records = slurm.wait(list(jobs), timeout=900)
+    records = slurm.wait(list(jobs), timeout_s=900)
     for job, (site, ckpt) in jobs.items():
         record = records[job][0]
         report = cluster.job_report(job, records[job])
@@ -140,7 +140,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
         assert final["epoch"] == 3 and final["in_epoch"] is None, report
         for name, tensor in reference["model"].items():
             assert torch.equal(tensor, final["model"][name]), f"{site}: {name} differs from the uninterrupted run"
-        assert slurm.results_in_log(record["StdOut"])[-1]["train_loss"] == reference_result["train_loss"]
+        assert results_in_log(record["StdOut"])[-1]["train_loss"] == reference_result["train_loss"]
 
 
 @needs_cluster
@@ -148,7 +148,7 @@ def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
     script = ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
     args = "--model cnn --epochs 2 --n-train 512 --n-val 64 --batch-size 16 --workers 0"
     jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env={"TRAIN_ARGS": args}) for _ in range(2)]
-    records = slurm.wait(jobs, timeout=600)
+    records = slurm.wait(jobs, timeout_s=600)
     ports, windows = [], []
     for job in jobs:
         rec = records[job][0]

@@ -19,8 +19,8 @@ def run_loop(meter: timing.Throughput, steps: int, data_wait: float, compute: fl
     meter.stop()
 
 
-def test_warmup_steps_are_not_counted_and_the_split_is_measured():
-    meter = timing.Throughput("cpu", warmup=2)
+def test_untimed_steps_are_not_counted_and_the_split_is_measured():
+    meter = timing.Throughput("cpu", untimed_steps=2)
     run_loop(meter, steps=6, data_wait=0.01, compute=0.03)
     assert meter.steps == 4 and meter.samples == 32
     assert meter.data_fraction == pytest.approx(0.25, abs=0.1)
@@ -30,11 +30,11 @@ def test_warmup_steps_are_not_counted_and_the_split_is_measured():
 def test_the_device_is_synchronised_twice_per_window_not_per_step(monkeypatch):
     calls = []
     monkeypatch.setattr(timing, "sync", lambda device=None: calls.append(device))
-    run_loop(timing.Throughput("cuda:0", warmup=3), steps=20, data_wait=0, compute=0)
+    run_loop(timing.Throughput("cuda:0", untimed_steps=3), steps=20, data_wait=0, compute=0)
     assert len(calls) == 2, "a synchronise per step would stop loading from overlapping GPU work"
 
 
-def test_fewer_steps_than_warmup_gives_no_number():
-    meter = timing.Throughput("cpu", warmup=5)
+def test_fewer_steps_than_untimed_gives_no_number():
+    meter = timing.Throughput("cpu", untimed_steps=5)
     run_loop(meter, steps=3, data_wait=0, compute=0)
     assert meter.steps == 0 and meter.images_per_s != meter.images_per_s  # nan: nothing was timed

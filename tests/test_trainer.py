@@ -7,7 +7,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from course_utils import data
 from course_utils.models import build_model, count_parameters
-from course_utils.trainer import TrainConfig, Trainer, resolve_precision
+from course_utils.precision import resolve_precision
+from course_utils.trainer import TrainConfig, Trainer
 
 
 def _linear_problem(n=64, seed=0):

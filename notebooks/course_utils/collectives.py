@@ -85,9 +85,9 @@ def bytes_sent_per_rank(op: str, nbytes: int, world: int) -> float:
     return BUS_FACTORS[op](world) * nbytes
 
 
-def time_op(fn: Callable[[], object], device: torch.device, iters: int = 10, warmup: int = 2) -> float:
+def time_op(fn: Callable[[], object], device: torch.device, iters: int = 10, untimed_calls: int = 2) -> float:
     """Mean seconds per call of a collective, all ranks lined up by a barrier first."""
-    for _ in range(warmup):
+    for _ in range(untimed_calls):
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

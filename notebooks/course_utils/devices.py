@@ -191,8 +191,10 @@ def local_view() -> RankView:
     return RankView(socket.gethostname(), gpus)
 
 
+DEVICE_HELP = ("auto (default: a GPU per rank when each host has enough, else CPU with gloo), "
+               "cpu, cuda or cuda:N")
+
+
 def add_device_flag(parser) -> None:
     """``--device auto|cpu|cuda|cuda:N`` with the policy's meaning, for every script that starts ranks."""
-    parser.add_argument("--device", default="auto",
-                        help="auto (default: a GPU per rank when each host has enough, else CPU with gloo), "
-                             "cpu, cuda or cuda:N")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)

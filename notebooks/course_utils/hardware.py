@@ -39,6 +39,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def threads_per_rank(ranks: int) -> int:
+    """The usable cores shared evenly by ``ranks`` processes on this host (at least one each)."""
+    return max(1, usable_cores() // max(1, ranks))
+
+
 def gpu_report() -> list[dict[str, Any]]:
     """One entry per visible GPU: name, memory, compute capability, bf16/TF32."""
     gpus = []

@@ -11,29 +11,17 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .config import TrainConfig, changes, config_flags
 from .data import get_datasets, make_loader
 from .dist import choose_device
 from .models import build_model
-from .trainer import TrainConfig, Trainer
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The switches the ladder turns, one rung at a time."""
-
-    workers: int = 0
-    pin_memory: bool = False
-    cudnn_benchmark: bool = False
-    tf32: bool | None = None  # None: PyTorch's defaults (TF32 convolutions, fp32 matmuls)
-    channels_last: bool = False
-    precision: str = "fp32"
-    compile: bool = False
+from .trainer import Trainer
 
 
 @dataclass
@@ -41,11 +29,17 @@ class LadderSettings:
     model: str = "resnet18"
     batch_size: int = 256
     steps: int = 30  # timed steps per rung
-    warmup: int = 5  # untimed steps per rung (compile, autotuning, worker start)
+    untimed_steps: int = 5  # steps per rung before the clock starts (compile, autotuning, worker start)
     workers: int = 8  # the value the "workers" rung switches to
     device: str = "auto"
     compile_on_cpu: bool = False  # compiling on a small CPU takes minutes
     seed: int = 0
+
+    def textbook(self) -> TrainConfig:
+        """The first rung: the fp32 loop with PyTorch's defaults, data loaded in the main process."""
+        return TrainConfig(model=self.model, batch_size=self.batch_size, seed=self.seed, device=self.device,
+                           workers=0, epochs=1, steps_per_epoch=self.untimed_steps + self.steps,
+                           untimed_steps=self.untimed_steps, progress=False, log_every=10**9)
 
 
 @dataclass
@@ -55,7 +49,11 @@ class RungResult:
     images_per_s: float = float("nan")
     speedup: float = float("nan")  # versus the fp32 baseline
     data_fraction: float = float("nan")
-    knobs: dict[str, Any] = field(default_factory=dict)
+    changes: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields changed from the textbook rung
+
+
+RUNG_FIELDS = ("workers", "pin_memory", "cudnn_benchmark", "tf32", "channels_last", "precision", "compile")
+"""The :class:`TrainConfig` fields the rungs turn."""
 
 
 def _gpu_cc(device: torch.device) -> tuple[int, int]:
@@ -63,7 +61,7 @@ def _gpu_cc(device: torch.device) -> tuple[int, int]:
 
 
 def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dict[str, Any], str | None]]:
-    """``(name, change, reason_to_skip)`` for each rung on ``device``."""
+    """``(name, TrainConfig change, reason_to_skip)`` for each rung on ``device``."""
     gpu = device.type == "cuda"
     no_gpu = None if gpu else "needs a GPU"
     ampere = None if _gpu_cc(device) >= (8, 0) else "needs an Ampere or newer GPU"
@@ -84,25 +82,18 @@ def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dic
 
 
 def measure(
-    knobs: Knobs,
-    settings: LadderSettings,
+    cfg: TrainConfig,
     train_ds: torch.utils.data.Dataset,
     in_channels: int,
     device: torch.device,
     step_callback: Callable[[], None] | None = None,
 ) -> dict[str, float]:
-    """Train ``warmup + steps`` steps with ``knobs``; images/s over the timed steps."""
-    torch.manual_seed(settings.seed)
-    model = build_model(settings.model, in_channels)
+    """Train ``cfg.steps_per_epoch`` steps of ``cfg``; images/s over the timed ones."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, in_channels)
     loader = make_loader(
-        train_ds, settings.batch_size, shuffle=True, workers=knobs.workers,
-        pin_memory=knobs.pin_memory, drop_last=True, seed=settings.seed,
-    )
-    cfg = TrainConfig(
-        epochs=1, precision=knobs.precision, tf32=knobs.tf32, cudnn_benchmark=knobs.cudnn_benchmark,
-        channels_last=knobs.channels_last,
-        compile=knobs.compile, steps_per_epoch=settings.warmup + settings.steps,
-        warmup_steps=settings.warmup, progress=False, log_every=10**9,
+        train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
+        pin_memory=cfg.pin_memory, drop_last=True, seed=cfg.seed,
     )
     trainer = Trainer(model, loader, device, cfg)
     trainer.step_callback = step_callback
@@ -113,14 +104,14 @@ def measure(
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if knobs.compile:
+        if cfg.compile:
             torch._dynamo.reset()
     return meter.summary()
 
 
 def ladder_dataset(settings: LadderSettings) -> tuple[torch.utils.data.Dataset, int]:
     """Enough synthetic images for one rung (no download; augmentation on, as in training)."""
-    n = settings.batch_size * (settings.steps + settings.warmup)
+    n = settings.batch_size * (settings.steps + settings.untimed_steps)
     train, _, info = get_datasets("synthetic", n_train=n, n_val=1, augment=True, seed=settings.seed)
     return train, info.channels
 
@@ -129,24 +120,25 @@ def run_ladder(settings: LadderSettings, echo: Callable[[str], None] = print) ->
     """Climb the ladder; returns one :class:`RungResult` per rung."""
     device = choose_device(settings.device)
     train_ds, channels = ladder_dataset(settings)
-    best, best_ips, baseline = Knobs(), 0.0, 0.0
+    textbook = settings.textbook()
+    best, best_ips, baseline = textbook, 0.0, 0.0
     results: list[RungResult] = []
     for name, change, skip in rungs(device, settings):
         if skip:
             results.append(RungResult(name, f"skipped: {skip}"))
             echo(f"{name:28s} skipped: {skip}")
             continue
-        knobs = replace(best, **change)
-        summary = measure(knobs, settings, train_ds, channels, device)
+        cfg = replace(best, **change)
+        summary = measure(cfg, train_ds, channels, device)
         ips = summary["images_per_s"]
         if not baseline:
             baseline = ips
         kept = ips >= best_ips
         if kept:
-            best, best_ips = knobs, ips
+            best, best_ips = cfg, ips
         status = "kept" if kept else "dropped (slower here)"
         results.append(
-            RungResult(name, status, ips, ips / baseline, summary["data_fraction"], asdict(knobs))
+            RungResult(name, status, ips, ips / baseline, summary["data_fraction"], changes(cfg, textbook))
         )
         data_pct = 100 * summary["data_fraction"]
         echo(f"{name:28s} {ips:10,.0f} img/s  x{ips / baseline:5.2f}  data {data_pct:3.0f}%  {status}")
@@ -161,7 +153,7 @@ def workers_sweep(
     train_ds, channels = ladder_dataset(settings)
     rows = []
     for w in workers:
-        s = measure(Knobs(workers=w), settings, train_ds, channels, device)
+        s = measure(replace(settings.textbook(), workers=w), train_ds, channels, device)
         rows.append({"workers": w, **s})
         echo(f"workers={w:2d}  {s['images_per_s']:10,.0f} img/s  waiting for data {100 * s['data_fraction']:3.0f}%")
     return rows
@@ -186,7 +178,7 @@ def best_speedup(results: list[RungResult]) -> float:
 
 
 def profile_steps(
-    settings: LadderSettings, knobs: Knobs, out_dir: str | Path, active: int = 3
+    settings: LadderSettings, cfg: TrainConfig, out_dir: str | Path, active: int = 3
 ) -> tuple[Path, str]:
     """Record ``active`` training steps with ``torch.profiler``.
 
@@ -200,14 +192,14 @@ def profile_steps(
     device = choose_device(settings.device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     train_ds, channels = ladder_dataset(settings)
-    short = replace(settings, warmup=0, steps=2 + active)
+    short = replace(cfg, untimed_steps=0, steps_per_epoch=2 + active)
     with profile(
         activities=activities,
         schedule=schedule(wait=1, warmup=1, active=active, repeat=1),
         on_trace_ready=tensorboard_trace_handler(str(out_dir)),
         record_shapes=False,
     ) as prof:
-        measure(knobs, short, train_ds, channels, device, step_callback=prof.step)
+        measure(short, train_ds, channels, device, step_callback=prof.step)
     sort = "device_time_total" if device.type == "cuda" else "cpu_time_total"
     table = prof.key_averages().table(sort_by=sort, row_limit=12)
     traces = sorted(out_dir.glob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
@@ -228,18 +220,12 @@ def train_flops_per_image(model_name: str, channels: int = 3, size: int = 32, cl
     return counter.get_total_flops() / 2
 
 
-def knobs_to_flags(knobs: Knobs) -> list[str]:
-    """The same configuration as ``scripts/train.py`` flags."""
-    flags = ["--workers", str(knobs.workers), "--precision", knobs.precision]
-    for on, flag in ((knobs.pin_memory, "--pin-memory"), (knobs.tf32 is True, "--tf32"),
-                     (knobs.cudnn_benchmark, "--cudnn-benchmark"),
-                     (knobs.channels_last, "--channels-last"), (knobs.compile, "--compile")):
-        if on:
-            flags.append(flag)
-    return flags
+def train_flags(cfg: TrainConfig) -> list[str]:
+    """The rungs' settings of ``cfg`` as ``scripts/train.py`` flags (the rest stays train.py's default)."""
+    return config_flags(replace(TrainConfig(), **{name: getattr(cfg, name) for name in RUNG_FIELDS}))
 
 
-def best_knobs(results: list[RungResult]) -> Knobs:
-    """The configuration of the last kept rung."""
+def best_config(results: list[RungResult], settings: LadderSettings) -> TrainConfig:
+    """The configuration of the last kept rung (for ``scripts/train.py``: :func:`course_utils.config.config_flags`)."""
     kept = [r for r in results if r.status == "kept"]
-    return Knobs(**kept[-1].knobs) if kept else Knobs()
+    return replace(settings.textbook(), **(kept[-1].changes if kept else {}))

@@ -12,22 +12,23 @@ orphaned rank keeps a GPU or a port busy.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import selectors
+import queue
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .dist import free_port
-from .hardware import usable_cores
-
-PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the folder holding course_utils
-REPO_ROOT = PACKAGE_PARENT.parent
-SCRIPTS = REPO_ROOT / "scripts"
+from .dist.env import free_port
+from .hardware import threads_per_rank
+from .paths import PACKAGE_PARENT, REPO_ROOT, SCRIPTS
+from .waiting import wait_until
 
 
 class LaunchError(RuntimeError):
@@ -81,150 +82,80 @@ def torchrun_command(nproc: int, port: int | None = None) -> list[str]:
     ]
 
 
-def run_script(
-    script: str | Path,
-    args: Sequence[str] = (),
-    nproc: int | None = None,
-    timeout: float = 600,
-    env: dict[str, str] | None = None,
-    check: bool = True,
-    echo: bool = True,
-    cwd: str | Path | None = None,
-) -> RunResult:
+def run_script(script: str | Path, args: Sequence[str] = (), nproc: int | None = None, timeout_s: float = 600,
+               env: dict[str, str] | None = None, check: bool = True, echo: bool = True,
+               cwd: str | Path | None = None) -> RunResult:
     """Run ``scripts/<script>`` with ``args``; under torchrun when ``nproc`` is given.
 
     Output is streamed line by line (``echo``) and returned. On timeout or
     ``KeyboardInterrupt`` the process group gets SIGTERM, then SIGKILL.
     With ``check`` a non-zero exit raises :class:`LaunchError`.
     """
+    return start_script(script, args, nproc, env=env, echo=echo, cwd=cwd).wait(timeout_s, check)
+
+
+def run_command(cmd: Sequence[str], timeout_s: float = 600, env: dict[str, str] | None = None, check: bool = True,
+                echo: bool = True, cwd: str | Path | None = None) -> RunResult:
+    """Run any command with the guarantees of :func:`run_script`."""
+    return Process(cmd, env=env, echo=echo, cwd=cwd).wait(timeout_s, check)
+
+
+def start_script(script: str | Path, args: Sequence[str] = (), nproc: int | None = None,
+                 torchrun_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 echo: bool = False, cwd: str | Path | None = None) -> Process:
+    """Like :func:`run_script`, without waiting; ``torchrun_args`` e.g. ``["--max-restarts=1"]``."""
     path = script_path(str(script))
-    prefix = torchrun_command(nproc) if nproc else [sys.executable]
-    env = _threads_per_rank(nproc, env)
-    cmd = [*prefix, str(path), *map(str, args)]
-    return run_command(cmd, timeout=timeout, env=env, check=check, echo=echo, cwd=cwd)
+    prefix = [*torchrun_command(nproc), *torchrun_args] if nproc else [sys.executable]
+    return Process([*prefix, str(path), *map(str, args)], env=_threads_per_rank(nproc, env), echo=echo, cwd=cwd)
 
 
 def _threads_per_rank(nproc: int | None, env: dict[str, str] | None) -> dict[str, str] | None:
     """Share the cores between ranks instead of oversubscribing them (unless told otherwise)."""
     if nproc and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in (env or {}):
-        # the cores this process may use (a Slurm cgroup, a portal's quota), not the node's
-        return {**(env or {}), "OMP_NUM_THREADS": str(max(1, usable_cores() // nproc))}
+        return {**(env or {}), "OMP_NUM_THREADS": str(threads_per_rank(nproc))}
     return env
 
 
-def run_command(
-    cmd: Sequence[str],
-    timeout: float = 600,
-    env: dict[str, str] | None = None,
-    check: bool = True,
-    echo: bool = True,
-    cwd: str | Path | None = None,
-) -> RunResult:
-    """Run any command with the guarantees of :func:`run_script`."""
-    cmd = list(map(str, cmd))
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env=child_env(env),
-        cwd=str(cwd or REPO_ROOT),
-        start_new_session=True,  # its own process group, so we can kill the whole tree
-    )
-    assert proc.stdout is not None
-    chunks: list[str] = []
-    timed_out = False
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    try:
-        while True:
-            remaining = timeout - (time.perf_counter() - start)
-            if remaining <= 0:
-                timed_out = True
-                break
-            if not sel.select(timeout=min(remaining, 1.0)):
-                if proc.poll() is not None:
-                    break
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            text = line.decode(errors="replace")
-            chunks.append(text)
-            if echo:
-                print(text, end="", flush=True)
-    except KeyboardInterrupt:  # the notebook's stop button
-        _kill_group(proc)
-        raise
-    finally:
-        sel.close()
-    if timed_out:
-        _kill_group(proc)
-    returncode = proc.wait()
-    proc.stdout.close()
-    result = RunResult(cmd, returncode, "".join(chunks), time.perf_counter() - start, timed_out)
-    if timed_out:
-        raise LaunchError(
-            f"{Path(cmd[-1]).name if cmd else cmd} did not finish within {timeout:.0f} s and was "
-            f"killed (with all its processes). Last output:\n{_tail(result.output)}",
-            result,
-        )
-    if check and returncode != 0:
-        raise LaunchError(
-            f"command exited with code {returncode}: {' '.join(cmd)}\nLast output:\n{_tail(result.output)}",
-            result,
-        )
-    return result
+class Process:
+    """A command running in a process group of its own, its output collected line by line.
 
+    :meth:`wait` streams the output (``echo``) from the caller's thread, so in a
+    notebook it lands in the cell that waits; on its deadline or the notebook's
+    stop button the whole tree is killed. Without waiting, a demo can act on the
+    running job (kill a worker, send a signal) and :meth:`kill` it.
+    """
 
-def _tail(text: str, n: int = 80) -> str:
-    # long enough to show a rank's own error above torchrun's failure summary
-    return "\n".join(text.splitlines()[-n:])
-
-
-def _kill_group(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is still there."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # the leader is gone, but its children may linger in the group
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-class Background:
-    """A script started without waiting: for demos that act on a running job
-    (kill a worker, send a signal). Output is collected by a thread; ``wait()``
-    returns a :class:`RunResult`; the whole process group dies on ``kill()``."""
-
-    def __init__(self, cmd: Sequence[str], env: dict[str, str] | None = None, echo: bool = False) -> None:
-        import threading
-
+    def __init__(self, cmd: Sequence[str], env: dict[str, str] | None = None, echo: bool = False,
+                 cwd: str | Path | None = None) -> None:
         self.cmd = list(map(str, cmd))
+        self.echo = echo
         self.start = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=child_env(env), cwd=str(REPO_ROOT),
-                                     start_new_session=True, text=True, errors="replace")
+                                     stdin=subprocess.DEVNULL, env=child_env(env), cwd=str(cwd or REPO_ROOT),
+                                     start_new_session=True,  # its own group: the whole tree can be killed
+                                     text=True, errors="replace")
         self.chunks: list[str] = []
-
-        def pump() -> None:
-            assert self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.chunks.append(line)
-                if echo:
-                    print(line, end="", flush=True)
-
-        self.reader = threading.Thread(target=pump, daemon=True)
+        self._unshown: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.chunks.append(line)
+            if self.echo:
+                self._unshown.put(line)
+        self.proc.stdout.close()
+
+    def _show(self, block_s: float = 0.0) -> None:
+        """Print what arrived, waiting up to ``block_s`` for a first line."""
+        try:
+            line = self._unshown.get(timeout=block_s) if block_s > 0 else self._unshown.get_nowait()
+            while True:
+                print(line, end="", flush=True)
+                line = self._unshown.get_nowait()
+        except queue.Empty:
+            pass
 
     @property
     def output(self) -> str:
@@ -233,34 +164,57 @@ class Background:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def wait(self, timeout: float = 600, check: bool = True) -> RunResult:
+    def wait(self, timeout_s: float = 600, check: bool = True) -> RunResult:
+        """Wait up to ``timeout_s`` for the end; the result, or :class:`LaunchError`."""
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
         try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            while self.proc.poll() is None:
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    self.kill()
+                    break
+                if self.echo:
+                    self._show(block_s=0.2)
+                else:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(timeout=0.2)
+        except KeyboardInterrupt:  # the notebook's stop button
             self.kill()
-            raise LaunchError(f"did not finish within {timeout:.0f} s and was killed. Last output:\n"
-                              f"{_tail(self.output)}", self.result(timed_out=True)) from None
+            raise
         self.reader.join(timeout=10)
-        result = self.result()
+        self._show()
+        result = RunResult(self.cmd, self.proc.returncode, self.output, time.perf_counter() - self.start, timed_out)
+        name = Path(self.cmd[-1]).name if self.cmd else ""
+        if timed_out:
+            raise LaunchError(f"{name} did not finish within {timeout_s:.0f} s and was killed (with all its "
+                              f"processes). Last output:\n{_tail(result.output)}", result)
         if check and result.returncode != 0:
-            raise LaunchError(f"exited with code {result.returncode}. Last output:\n{_tail(self.output)}", result)
+            raise LaunchError(f"command exited with code {result.returncode}: {' '.join(self.cmd)}\n"
+                              f"Last output:\n{_tail(result.output)}", result)
         return result
 
-    def result(self, timed_out: bool = False) -> RunResult:
-        return RunResult(self.cmd, self.proc.returncode if self.proc.returncode is not None else -1,
-                         self.output, time.perf_counter() - self.start, timed_out)
+    def kill(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is still there."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=grace_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # the leader is gone, but its children may linger in the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
-    def kill(self) -> None:
-        _kill_group(self.proc)
 
-
-def start_script(script: str | Path, args: Sequence[str] = (), nproc: int | None = None,
-                 torchrun_args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 echo: bool = False) -> Background:
-    """Like :func:`run_script`, without waiting; ``torchrun_args`` e.g. ``["--max-restarts=1"]``."""
-    path = script_path(str(script))
-    prefix = [*torchrun_command(nproc), *torchrun_args] if nproc else [sys.executable]
-    return Background([*prefix, str(path), *map(str, args)], env=_threads_per_rank(nproc, env), echo=echo)
+def _tail(text: str, n: int = 80) -> str:
+    # long enough to show a rank's own error above torchrun's failure summary
+    return "\n".join(text.splitlines()[-n:])
 
 
 def find_rank_pid(marker: str, rank: int) -> int | None:
@@ -280,7 +234,7 @@ def find_rank_pid(marker: str, rank: int) -> int | None:
 
 def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, rdzv_id: str,
                        nnodes: str = "1:2", nproc: int = 1, max_restarts: int = 3,
-                       env: dict[str, str] | None = None) -> Background:
+                       env: dict[str, str] | None = None) -> Process:
     """One torchrun agent of an elastic job (``--nnodes=min:max``): start one per node.
 
     When a node dies, the others re-form the group with fewer nodes (down to
@@ -290,19 +244,17 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
            f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=2",
            str(script_path(str(script))), *map(str, args)]
-    return Background(cmd, env=_threads_per_rank(nproc, env))
+    return Process(cmd, env=_threads_per_rank(nproc, env))
 
 
-def wait_for_port(host: str, port: int, timeout: float = 60) -> None:
+def wait_for_port(host: str, port: int, timeout_s: float = 60) -> None:
     """Block until something listens on ``host:port`` (e.g. a rendezvous store)."""
-    import socket
 
-    deadline = time.perf_counter() + timeout
-    while True:
+    def listening() -> bool:
         try:
             with socket.create_connection((host, port), timeout=1):
-                return
+                return True
         except OSError:
-            if time.perf_counter() > deadline:
-                raise TimeoutError(f"nothing listened on {host}:{port} within {timeout:.0f} s") from None
-            time.sleep(0.1)
+            return False
+
+    wait_until(listening, timeout_s, f"nothing listened on {host}:{port} within {timeout_s:.0f} s")

@@ -10,31 +10,19 @@ the comparison would measure threads, not communication.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from .hardware import usable_cores
+from .config import TrainConfig, config_flags
+from .hardware import threads_per_rank
 from .launch import run_script
-
-
-def results_in(output: str) -> list[dict]:
-    """Every ``RESULT {json}`` line the course's scripts printed, in order."""
-    return [json.loads(line[len("RESULT "):]) for line in output.splitlines() if line.startswith("RESULT ")]
-
-
-def parse_result(output: str) -> dict:
-    """The last ``RESULT {json}`` line (scripts/train.py prints it last)."""
-    results = results_in(output)
-    if not results:
-        raise ValueError("the run printed no RESULT line; see its output above")
-    return results[-1]
+from .results import parse_result
 
 
 def measure_scaling(
     world_sizes: Sequence[int],
     train_args: Sequence[str],
     threads_per_rank: int | None = None,
-    timeout: float = 900,
+    timeout_s: float = 900,
     echo: bool = False,
 ) -> list[dict]:
     """Run train.py once per world size; one row per run with throughput and efficiency."""
@@ -42,7 +30,7 @@ def measure_scaling(
     for n in world_sizes:
         env = {"OMP_NUM_THREADS": str(threads_per_rank)} if threads_per_rank else {}
         run = run_script("train.py", [*map(str, train_args), "--no-progress"], nproc=n if n > 1 else None,
-                         timeout=timeout, echo=echo, env=env)
+                         timeout_s=timeout_s, echo=echo, env=env)
         result = parse_result(run.output)
         rows.append({"world_size": n, "per_rank": result["images_per_s_per_rank"],
                      "total": result["images_per_s_per_rank"] * n, "seconds": run.seconds,
@@ -51,11 +39,6 @@ def measure_scaling(
     for row in rows:
         row["efficiency"] = row["per_rank"] / base
     return rows
-
-
-def default_threads_per_rank(max_world: int) -> int:
-    """Cores this process may use, shared evenly by the largest run's ranks."""
-    return max(1, usable_cores() // max_world)
 
 
 OPTIMISED = ("AMP (bf16, or fp16 where the GPU has no bf16), channels_last, DataLoader workers, "
@@ -69,8 +52,8 @@ def optimised_args(on_gpu: bool, ranks_per_host: int) -> list[str]:
     On a CPU the workers would take cores from the ranks' own compute
     (notebook 01 measured it), so CPU runs load data in the main process.
     """
-    workers = min(8, max(1, usable_cores() // ranks_per_host - 1)) if on_gpu else 0
-    return ["--precision", "amp", "--channels-last", "--workers", str(workers)]
+    workers = min(8, max(1, threads_per_rank(ranks_per_host) - 1)) if on_gpu else 0
+    return config_flags(TrainConfig(precision="amp", channels_last=True, workers=workers))
 
 
 def scaling_table(rows: list[dict]) -> str:

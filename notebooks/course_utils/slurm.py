@@ -11,10 +11,10 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-from .launch import REPO_ROOT
+from .paths import REPO_ROOT
+from .waiting import wait_until
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED")
@@ -51,17 +51,20 @@ def job_records(job_id: int) -> list[dict[str, str]]:
     return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.strip().splitlines() if line]
 
 
-def wait(job_ids: list[int], timeout: float = 600, poll: float = 1.0) -> dict[int, list[dict[str, str]]]:
+def wait(job_ids: list[int], timeout_s: float = 600, poll_s: float = 1.0) -> dict[int, list[dict[str, str]]]:
     """Poll until every job (and array task) has ended; their final records."""
-    deadline = time.time() + timeout
-    while True:
-        records = {j: job_records(j) for j in job_ids}
-        if all(recs and all(r.get("JobState") in FINAL_STATES for r in recs) for recs in records.values()):
-            return records
-        if time.time() > deadline:
-            states = {j: [r.get("JobState") for r in recs] for j, recs in records.items()}
-            raise SlurmError(f"jobs not finished after {timeout:.0f} s: {states}")
-        time.sleep(poll)
+    records: dict[int, list[dict[str, str]]] = {}
+
+    def all_ended() -> dict[int, list[dict[str, str]]] | None:
+        records.update({j: job_records(j) for j in job_ids})
+        ended = all(recs and all(r.get("JobState") in FINAL_STATES for r in recs) for recs in records.values())
+        return records if ended else None
+
+    def still_running() -> SlurmError:
+        states = {j: [r.get("JobState") for r in recs] for j, recs in records.items()}
+        return SlurmError(f"jobs not finished after {timeout_s:.0f} s: {states}")
+
+    return wait_until(all_ended, timeout_s, still_running, interval_s=poll_s)
 
 
 def squeue() -> str:
@@ -69,32 +72,26 @@ def squeue() -> str:
     return out.stdout
 
 
-def results_in_log(path: str | Path) -> list[dict]:
-    """The ``RESULT {json}`` lines that scripts/train.py prints, from a job's log."""
-    from .scaling import results_in
-
-    return results_in(Path(path).read_text())
-
-
 def signal_batch(job_id: int, sig: str = "USR1") -> None:
     """Send a signal to a job's batch shell, as ``--signal=B:SIG@t`` does near the time limit."""
     subprocess.run(["scancel", f"--signal={sig}", "--batch", str(job_id)], check=True)
 
 
-def wait_requeued(job_id: int, timeout: float = 120) -> None:
+def wait_requeued(job_id: int, timeout_s: float = 120) -> None:
     """Wait until a job has been requeued: restart count grown and back in the queue.
 
     On the way it passes through CANCELLED ("due to job requeue"), which must
     not be mistaken for the end of the job.
     """
-    deadline = time.time() + timeout
-    while True:
-        rec = (job_records(job_id) or [{}])[0]
-        if rec.get("Restarts", "0") != "0" and rec.get("JobState") == "PENDING":
-            return
-        if time.time() > deadline:
-            raise SlurmError(f"job {job_id} was not requeued within {timeout:.0f} s: {rec.get('JobState')}")
-        time.sleep(0.5)
+    rec: dict[str, str] = {}
+
+    def requeued() -> bool:
+        rec.clear()
+        rec.update((job_records(job_id) or [{}])[0])
+        return rec.get("Restarts", "0") != "0" and rec.get("JobState") == "PENDING"
+
+    wait_until(requeued, timeout_s, lambda: SlurmError(
+        f"job {job_id} was not requeued within {timeout_s:.0f} s: {rec.get('JobState')}"), interval_s=0.5)
 
 
 def release(job_id: int, delay_s: int = 3) -> None:

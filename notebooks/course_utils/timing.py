@@ -27,7 +27,7 @@ class Throughput:
 
     Call :meth:`start` before the loop, :meth:`data_ready` when a batch
     arrives, :meth:`step_done` after the optimiser step and :meth:`stop`
-    after the loop. The first ``warmup`` steps (cuDNN autotuning,
+    after the loop. The first ``untimed_steps`` (cuDNN autotuning,
     ``torch.compile``, worker start-up) are not counted.
 
     The GPU is synchronised only where the window opens and where it closes:
@@ -38,7 +38,7 @@ class Throughput:
     """
 
     device: torch.device | str = "cpu"
-    warmup: int = 2
+    untimed_steps: int = 2
     steps: int = 0
     samples: int = 0
     data_time: float = 0.0
@@ -52,7 +52,7 @@ class Throughput:
         self._t_open = time.perf_counter()
 
     def start(self) -> None:
-        if self.warmup == 0:
+        if self.untimed_steps == 0:
             self._open()
         self._t_last = time.perf_counter()
 
@@ -65,7 +65,7 @@ class Throughput:
         if self._t_open is not None:
             self.steps += 1
             self.samples += batch_size
-        elif self._seen == self.warmup:
+        elif self._seen == self.untimed_steps:
             self._open()
         self._t_last = time.perf_counter()
 

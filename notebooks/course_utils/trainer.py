@@ -12,59 +12,26 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from . import dist as cdist
-from .checkpoint import ensure_writable_dir, load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, ensure_writable_dir, load_latest, save_checkpoint
+from .config import TrainConfig, resume_mismatch
 from .data import set_epoch
+from .precision import autocast, resolve_precision, set_tf32
 from .preemption import StopRequest
+from .rng import rng_state, set_rng_state
 from .timing import Throughput
 
-PRECISIONS = ("fp32", "bf16", "fp16", "amp")
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """Turn ``amp`` into ``bf16`` or ``fp16`` for this device; reject what it cannot do."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    if device.type == "cuda":
-        bf16_ok = torch.cuda.is_bf16_supported()
-        if precision == "amp":
-            return "bf16" if bf16_ok else "fp16"
-        if precision == "bf16" and not bf16_ok:
-            raise ValueError(
-                f"{torch.cuda.get_device_name(device)} has no bf16 support "
-                "(pre-Ampere, e.g. Frontera's RTX 5000): use --precision fp16 or amp."
-            )
-        return precision
-    if precision == "amp":
-        return "bf16"  # CPU autocast supports bf16; fp16 on CPU is rarely faster
-    if precision == "fp16":
-        raise ValueError("fp16 with a GradScaler is a GPU technique; on CPU use bf16 or fp32.")
-    return precision
-
-
-def set_tf32(enabled: bool | None) -> None:
-    """TF32 tensor-core math for fp32 matmuls and convolutions (Ampere and later).
-
-    A process-wide switch: 10 mantissa bits instead of 23 inside the matmul,
-    fp32 everywhere else. ``None`` restores PyTorch's defaults (convolutions
-    may use TF32, matmuls do not), which is what a textbook loop runs with.
-    It has no effect on CPUs or pre-Ampere GPUs.
-    """
-    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
-    torch.backends.cudnn.allow_tf32 = True if enabled is None else enabled
-
+__all__ = ["EpochStats", "TrainConfig", "Trainer", "history_table", "linear_warmup", "scaled_lr"]
 
 def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Ramp the learning rate from lr/steps to lr over ``steps`` optimiser steps, then hold it.
@@ -78,31 +45,6 @@ def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.l
 def scaled_lr(base_lr: float, world_size: int, grad_accum: int = 1) -> float:
     """Linear scaling rule: the global batch grew by world_size x grad_accum, so does the lr."""
     return base_lr * world_size * grad_accum
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 1
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    precision: str = "fp32"  # fp32 | bf16 | fp16 | amp (best of bf16/fp16 here)
-    tf32: bool | None = None  # None: PyTorch's defaults (TF32 convolutions, fp32 matmuls)
-    cudnn_benchmark: bool = False  # let cuDNN time its algorithms for fixed input shapes
-    channels_last: bool = False
-    compile: bool = False
-    grad_accum: int = 1
-    warmup_epochs: float = 0.0  # linear learning-rate warm-up (Goyal et al. 2017)
-    bucket_cap_mb: float = 25.0  # DDP: gradients are all-reduced in buckets of this size
-    grad_as_bucket_view: bool = False  # DDP: gradients live in the buckets (no copy)
-    steps_per_epoch: int | None = None  # cap, for quick runs and benchmarks
-    log_dir: str | None = None  # TensorBoard event files (rank 0)
-    ckpt_dir: str | None = None  # last.pt written atomically each epoch (rank 0)
-    ckpt_every_steps: int | None = None  # also every N optimiser steps, mid-epoch
-    resume: bool = True  # continue from ckpt_dir/last.pt when it exists
-    progress: bool = True
-    log_every: int = 10
-    warmup_steps: int = 2  # steps not timed (cuDNN autotuning, compile, worker start-up)
 
 
 @dataclass
@@ -156,14 +98,17 @@ class Trainer:
         self.model = net
 
         self.train_loader, self.val_loader = train_loader, val_loader
+        # the linear scaling rule, when asked for: the global batch grew, so does the rate
+        self.lr = scaled_lr(self.cfg.lr, cdist.get_world_size(), self.cfg.grad_accum) if self.cfg.scale_lr \
+            else self.cfg.lr
         self.optimizer = optimizer or torch.optim.SGD(
             self.raw_model.parameters(),
-            lr=self.cfg.lr,
+            lr=self.lr,
             momentum=self.cfg.momentum,
             weight_decay=self.cfg.weight_decay,
         )
         if scheduler is None and self.cfg.warmup_epochs > 0:
-            scheduler = linear_warmup(self.optimizer, self._warmup_steps())
+            scheduler = linear_warmup(self.optimizer, self._lr_warmup_steps())
         self.scheduler = scheduler
         self.loss_fn = loss_fn or nn.CrossEntropyLoss()
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
@@ -181,11 +126,11 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(self.cfg.log_dir)
-        if self.cfg.ckpt_dir and self.cfg.resume and self.ckpt_path.exists():
-            self.load(self.ckpt_path)
+        if self.cfg.ckpt_dir and self.cfg.resume:
+            self.resume_from(self.ckpt_path)
 
     # ------------------------------------------------------------------ #
-    def _warmup_steps(self) -> int:
+    def _lr_warmup_steps(self) -> int:
         batches = len(self.train_loader)
         if self.cfg.steps_per_epoch:
             batches = min(batches, self.cfg.steps_per_epoch)
@@ -196,10 +141,7 @@ class Trainer:
         return Path(self.cfg.ckpt_dir or ".") / "last.pt"
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.precision == "fp32":
-            return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+        return autocast(self.precision, self.device)
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.to(self.device, non_blocking=True, memory_format=self.memory_format)
@@ -228,7 +170,7 @@ class Trainer:
         if self.cfg.steps_per_epoch:
             n_batches = min(n_batches, self.cfg.steps_per_epoch)
         skipped = set_epoch(self.train_loader, self.epoch, skip_batches=start)
-        meter = Throughput(self.device, warmup=self.cfg.warmup_steps)
+        meter = Throughput(self.device, untimed_steps=self.cfg.untimed_steps)
         total = resume["loss_sums"][cdist.get_rank()].to(self.device).reshape(()) if start \
             else torch.zeros((), device=self.device)
         count = resume.get("count", 0)
@@ -405,10 +347,27 @@ class Trainer:
             save_checkpoint(self.state_dict(in_epoch), path)
         cdist.barrier()
 
-    def load(self, path: str | Path) -> None:
-        state = load_checkpoint(path, map_location=self.device)
-        self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def resume_from(self, path: str | Path) -> bool:
+        """Continue from the checkpoint at ``path`` (or the one before it, if that one is
+        unreadable); False when there is none. A checkpoint written by another
+        configuration (model, batch per rank, precision...) stops with one line."""
+        found = load_latest(path, map_location=self.device, say=cdist.print0)
+        if found is None:
+            return False
+        where, state = found
+        differ = resume_mismatch(state.get("config") or {}, self.cfg)
+        if differ:
+            raise CheckpointError(
+                f"{where} was written by another configuration ({'; '.join(differ)}): resume with the "
+                "same settings, or point --ckpt-dir at a new folder (or pass --no-resume) to start afresh"
+            )
+        try:
+            self.raw_model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CheckpointError(f"{where} holds another model or optimiser than this run builds ({first}); "
+                                  "point --ckpt-dir at a new folder to start afresh") from exc
         self.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -419,30 +378,8 @@ class Trainer:
         if state.get("rng") is not None:
             set_rng_state(state["rng"])
         within = f" (after batch {self._resume_in_epoch['batches']})" if self._resume_in_epoch else ""
-        cdist.print0(f"resumed from {path} at epoch {self.epoch}{within}")
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random stream a training step draws from (augmentation in the main
-    process, dropout), so a resumed run continues exactly where it stopped.
-
-    Every rank seeds the same way and draws the same number of values per
-    step, so rank 0's state, saved in the checkpoint, is every rank's state.
-    """
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                             "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        # this rank's GPU only: a resumed job may see a different number of GPUs per process
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"].cpu())
+        cdist.print0(f"resumed from {where} at epoch {self.epoch}{within}")
+        return True
 
 
 def history_table(history: list[EpochStats]) -> str:

@@ -1,43 +1,23 @@
-"""Datasets and DataLoaders for the course.
-
-Three sources, one interface (:func:`get_datasets`):
-
-* ``synthetic`` (the offline default): ten classes of shapes and textures
-  drawn procedurally with random position, size, colour and noise. It needs
-  no download, is the same on every machine for a given seed, and a CNN can
-  learn it (it is not noise), so a notebook on an offline compute node still
-  teaches something.
-* ``cifar10`` and ``mnist``: the real data sets through torchvision. Compute
-  nodes are often offline, so fetch them once on a login node::
-
-      python -m course_utils.data download cifar10 --root $STORE/data
-
-  and point ``--data-root`` or ``$COURSE_DATA`` at that folder.
-* ``mnist-idx``: the MNIST test set as raw idx files in a folder (for example
-  ``../shared/data/mnist-t10k``), read without torchvision.
-"""
+"""Where the course's data sets come from, and one entry point for all of them: :func:`get_datasets`."""
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import hashlib
-import itertools
 import os
 import struct
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import Dataset, Subset
 
-from . import dist as cdist
+from ..paths import REPO_ROOT
+from .synthetic import make_synthetic
 
 DATASETS = ("synthetic", "cifar10", "mnist", "mnist-idx")
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class DatasetMissingError(RuntimeError):
@@ -67,7 +47,7 @@ INFO = {
 def default_data_root() -> Path:
     """``$COURSE_DATA`` if set (on a cluster: a folder in ``$STORE`` or
     ``$WORK``), else the repository's ``data/`` folder."""
-    return Path(os.environ.get("COURSE_DATA", _REPO_ROOT / "data")).expanduser()
+    return Path(os.environ.get("COURSE_DATA", REPO_ROOT / "data")).expanduser()
 
 
 def workshop_dataset(full: bool, root: str | Path | None = None) -> tuple[str, str]:
@@ -84,73 +64,6 @@ def workshop_dataset(full: bool, root: str | Path | None = None) -> tuple[str, s
         return "cifar10", f"data: CIFAR-10 from {root}"
     return "synthetic", (f"data: the offline synthetic set; CIFAR-10 is not in {root} (on a login node: "
                          f"python -m course_utils.data download cifar10 --root {root})")
-
-
-# --------------------------------------------------------------------------- #
-# Offline synthetic data
-# --------------------------------------------------------------------------- #
-CLASS_NAMES = (
-    "disc", "ring", "square", "frame", "h-stripes",
-    "v-stripes", "diagonal", "checker", "cross", "triangle",
-)
-
-
-def make_synthetic(
-    n: int, seed: int = 0, channels: int = 3, size: int = 32, noise: float = 0.12
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``n`` labelled images: ``uint8 [n, channels, size, size]`` and labels.
-
-    Deterministic for a given ``(n, seed, channels, size)``. Class ``k`` is the
-    shape ``CLASS_NAMES[k]``; position, scale, stripe frequency, colours and
-    pixel noise are random per image, so memorising pixels does not work.
-    """
-    g = torch.Generator().manual_seed(seed)
-    labels = torch.arange(n) % 10
-    labels = labels[torch.randperm(n, generator=g)]
-    images = torch.empty(n, channels, size, size, dtype=torch.uint8)
-    lin = torch.linspace(-1.0, 1.0, size)
-    yy, xx = torch.meshgrid(lin, lin, indexing="ij")
-    for start in range(0, n, 2048):
-        lab = labels[start : start + 2048]
-        m = lab.numel()
-
-        def rand(*shape: int) -> torch.Tensor:
-            return torch.rand(*shape, generator=g)
-
-        cx, cy = (rand(m) - 0.5) * 0.6, (rand(m) - 0.5) * 0.6
-        s = 0.55 + 0.4 * rand(m)
-        freq = 6.0 + 8.0 * rand(m)
-        phase = rand(m) * 6.283
-        x = xx[None] - cx[:, None, None]
-        y = yy[None] - cy[:, None, None]
-        s_, f_, p_ = s[:, None, None], freq[:, None, None], phase[:, None, None]
-        r = torch.sqrt(x * x + y * y)
-        box = torch.maximum(x.abs(), y.abs())
-        masks = torch.stack(
-            [
-                r < 0.5 * s_,
-                (r - 0.45 * s_).abs() < 0.1,
-                box < 0.45 * s_,
-                (box - 0.4 * s_).abs() < 0.09,
-                torch.sin(f_ * yy[None] + p_) > 0,
-                torch.sin(f_ * xx[None] + p_) > 0,
-                torch.sin(f_ * 0.7 * (xx[None] + yy[None]) + p_) > 0,
-                (torch.sin(0.6 * f_ * xx[None] + p_) * torch.sin(0.6 * f_ * yy[None])) > 0,
-                ((x.abs() < 0.12) | (y.abs() < 0.12)) & (box < 0.5 * s_),
-                (y > -0.4 * s_) & (y < 0.45 * s_) & (x.abs() < (0.45 * s_ - y) * 0.55),
-            ],
-            dim=1,
-        )  # [m, 10, H, W]
-        mask = masks[torch.arange(m), lab].float()[:, None]  # [m, 1, H, W]
-        fg = rand(m, channels, 1, 1)
-        bg = rand(m, channels, 1, 1)
-        # keep the shape visible: push the two colours at least 0.35 apart
-        gap = (fg - bg).mean(dim=1, keepdim=True)
-        bg = torch.where(gap.abs() < 0.35, (fg - 0.5 * torch.sign(gap + 1e-6)).clamp(0, 1), bg)
-        img = mask * fg + (1 - mask) * bg
-        img = img + noise * torch.randn(img.shape, generator=g)
-        images[start : start + m] = (img.clamp(0, 1) * 255).round().to(torch.uint8)
-    return images, labels
 
 
 class TensorImageDataset(Dataset):
@@ -288,9 +201,6 @@ def _torchvision_split(name: str, root: Path, train: bool, augment: bool) -> Dat
         raise DatasetMissingError(_missing_message(name, root)) from exc
 
 
-# --------------------------------------------------------------------------- #
-# One entry point for every notebook and script
-# --------------------------------------------------------------------------- #
 def get_datasets(
     name: str = "synthetic",
     root: str | Path | None = None,
@@ -333,117 +243,3 @@ def get_datasets(
     if n_val:
         val_ds = Subset(val_ds, range(min(n_val, len(val_ds))))
     return train_ds, val_ds, info
-
-
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    shuffle: bool = True,
-    workers: int = 0,
-    pin_memory: bool = False,
-    persistent_workers: bool = False,
-    prefetch_factor: int | None = None,
-    drop_last: bool = False,
-    seed: int = 0,
-) -> DataLoader:
-    """A DataLoader that is right under any launcher.
-
-    It uses a ``DistributedSampler`` whenever it shuffles or runs on several
-    ranks: each rank sees a disjoint 1/world-size slice, and the order of
-    epoch ``e`` depends only on ``(seed, e)`` -- call :func:`set_epoch` every
-    epoch -- so a job resumed from a checkpoint sees exactly the batches the
-    uninterrupted job would have. ``batch_size`` is per rank.
-    """
-    sampler = None
-    world = cdist.get_world_size()
-    if shuffle or world > 1:
-        sampler = ResumableSampler(
-            dataset, num_replicas=world, rank=cdist.get_rank(), shuffle=shuffle, seed=seed,
-            drop_last=drop_last,
-        )
-    kwargs: dict = {}
-    if workers > 0:
-        kwargs["persistent_workers"] = persistent_workers
-        if prefetch_factor is not None:
-            kwargs["prefetch_factor"] = prefetch_factor
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        generator=torch.Generator().manual_seed(seed),
-        **kwargs,
-    )
-    loader.course_seed = seed  # type: ignore[attr-defined]  # read by set_epoch
-    return loader
-
-
-class ResumableSampler(DistributedSampler):
-    """A ``DistributedSampler`` that can start an epoch part-way through, for a job
-    resumed from a mid-epoch checkpoint: the same order, minus what was trained."""
-
-    skip = 0  # samples of this rank's slice already used in this epoch
-
-    def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip, None)
-
-    def __len__(self) -> int:
-        return max(0, super().__len__() - self.skip)
-
-
-def set_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> bool:
-    """Make ``epoch``'s order and worker seeds a function of (seed, epoch) only.
-
-    ``skip_batches``: start after that many batches of the epoch (a resumed
-    mid-epoch checkpoint). Returns False when this loader cannot skip (not one
-    of :func:`make_loader`'s), so the caller must skip by reading batches.
-    """
-    if isinstance(loader.sampler, DistributedSampler):
-        loader.sampler.set_epoch(epoch)
-    seed = getattr(loader, "course_seed", None)
-    if seed is not None and loader.generator is not None:
-        # worker processes draw their augmentation seeds from this generator
-        loader.generator.manual_seed(seed * 100_003 + epoch)
-    if isinstance(loader.sampler, ResumableSampler):
-        loader.sampler.skip = skip_batches * (loader.batch_size or 1)
-        return True
-    return skip_batches == 0
-
-
-# --------------------------------------------------------------------------- #
-# Command line: python -m course_utils.data download cifar10 --root DIR
-# --------------------------------------------------------------------------- #
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m course_utils.data",
-        description="Fetch the course's data sets (on a login node) or check they are in place.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for cmd, help_ in (("download", "download a data set"), ("check", "check it is on disk")):
-        p = sub.add_parser(cmd, help=help_)
-        p.add_argument("name", choices=("cifar10", "mnist"))
-        p.add_argument("--root", type=Path, default=default_data_root(),
-                       help="target folder (default: $COURSE_DATA or the repo's data/)")
-    args = parser.parse_args(argv)
-    if args.command == "download":
-        try:
-            root = download(args.name, args.root)
-        except Exception as exc:  # offline node, proxy, full quota: say it in one line
-            print(f"download of {args.name} into {args.root} failed: {exc}\n"
-                  "Run this on a login node with internet access.", file=sys.stderr)
-            return 1
-        print(f"{args.name} is ready in {root}")
-        return 0
-    try:
-        train, val, _ = get_datasets(args.name, args.root, augment=False)
-    except DatasetMissingError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(f"{args.name} in {args.root}: {len(train)} train / {len(val)} test images")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

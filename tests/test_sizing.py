@@ -1,31 +1,31 @@
 import pytest
 import torch
 
-from course_utils import profile
+from course_utils import sizing
 
 
 def test_default_follows_the_hardware(monkeypatch):
     monkeypatch.delenv("COURSE_PROFILE", raising=False)
-    assert profile.current_profile() == ("full" if torch.cuda.is_available() else "ci")
+    assert sizing.current_profile() == ("full" if torch.cuda.is_available() else "ci")
 
 
 @pytest.mark.parametrize("value, expected", [("ci", "ci"), ("FULL", "full"), (" ci ", "ci")])
 def test_explicit_profile(monkeypatch, value, expected):
     monkeypatch.setenv("COURSE_PROFILE", value)
-    assert profile.current_profile() == expected
-    assert profile.pick(ci=1, full=2) == (1 if expected == "ci" else 2)
+    assert sizing.current_profile() == expected
+    assert sizing.pick(ci=1, full=2) == (1 if expected == "ci" else 2)
 
 
 def test_invalid_profile_lists_the_valid_ones(monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "fast")
     with pytest.raises(ValueError, match=r"'fast'.*ci, full"):
-        profile.current_profile()
+        sizing.current_profile()
 
 
 def test_a_demo_moved_to_the_cpu_in_a_gpu_session_gets_cpu_sizes(monkeypatch):
     monkeypatch.setenv("COURSE_PROFILE", "full")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert profile.pick(ci=1, full=2, device="cpu") == 1
-    assert profile.pick(ci=1, full=2, device="cuda") == 2
+    assert sizing.pick(ci=1, full=2, device="cpu") == 1
+    assert sizing.pick(ci=1, full=2, device="cuda") == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert profile.pick(ci=1, full=2, device="cpu") == 2, "full on a CPU machine was asked for explicitly"
+    assert sizing.pick(ci=1, full=2, device="cpu") == 2, "full on a CPU machine was asked for explicitly"

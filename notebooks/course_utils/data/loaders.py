@@ -1,0 +1,87 @@
+"""DataLoaders that are right under any launcher, and resume mid-epoch."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from .. import dist as cdist
+
+
+def make_loader(
+    dataset: Dataset,
+    batch_size: int,
+    shuffle: bool = True,
+    workers: int = 0,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    drop_last: bool = False,
+    seed: int = 0,
+) -> DataLoader:
+    """A DataLoader that is right under any launcher.
+
+    It uses a ``DistributedSampler`` whenever it shuffles or runs on several
+    ranks: each rank sees a disjoint 1/world-size slice, and the order of
+    epoch ``e`` depends only on ``(seed, e)`` -- call :func:`set_epoch` every
+    epoch -- so a job resumed from a checkpoint sees exactly the batches the
+    uninterrupted job would have. ``batch_size`` is per rank.
+    """
+    sampler = None
+    world = cdist.get_world_size()
+    if shuffle or world > 1:
+        sampler = ResumableSampler(
+            dataset, num_replicas=world, rank=cdist.get_rank(), shuffle=shuffle, seed=seed,
+            drop_last=drop_last,
+        )
+    kwargs: dict = {}
+    if workers > 0:
+        kwargs["persistent_workers"] = persistent_workers
+        if prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
+    loader.course_seed = seed  # type: ignore[attr-defined]  # read by set_epoch
+    return loader
+
+
+class ResumableSampler(DistributedSampler):
+    """A ``DistributedSampler`` that can start an epoch part-way through, for a job
+    resumed from a mid-epoch checkpoint: the same order, minus what was trained."""
+
+    skip = 0  # samples of this rank's slice already used in this epoch
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip)
+
+
+def set_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> bool:
+    """Make ``epoch``'s order and worker seeds a function of (seed, epoch) only.
+
+    ``skip_batches``: start after that many batches of the epoch (a resumed
+    mid-epoch checkpoint). Returns False when this loader cannot skip (not one
+    of :func:`make_loader`'s), so the caller must skip by reading batches.
+    """
+    if isinstance(loader.sampler, DistributedSampler):
+        loader.sampler.set_epoch(epoch)
+    seed = getattr(loader, "course_seed", None)
+    if seed is not None and loader.generator is not None:
+        # worker processes draw their augmentation seeds from this generator
+        loader.generator.manual_seed(seed * 100_003 + epoch)
+    if isinstance(loader.sampler, ResumableSampler):
+        loader.sampler.skip = skip_batches * (loader.batch_size or 1)
+        return True
+    return skip_batches == 0

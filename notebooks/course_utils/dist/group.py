@@ -1,0 +1,152 @@
+"""The process group's life: join it (or not, with one process), ask about it, leave it."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import gc
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+from ..devices import local_view, place_ranks
+from .env import DistEnv, detect_env
+from .rendezvous import rendezvous
+
+DEFAULT_TIMEOUT_S = 600
+"""Seconds a collective may wait for a peer (``$COURSE_DIST_TIMEOUT``): long
+enough for rank 0 to write a large checkpoint while the others wait."""
+
+DEFAULT_JOIN_TIMEOUT_S = 45
+"""Seconds every rank may take to arrive at the start (``$COURSE_JOIN_TIMEOUT``)."""
+
+
+def choose_device(requested: str = "auto") -> torch.device:
+    """The device of a single process: ``auto`` is its first GPU if it sees one, else the CPU.
+
+    ``cuda`` without a GPU is an error that says so, rather than a crash deep
+    inside the first kernel launch. Several ranks are placed together by
+    :func:`course_utils.devices.place_ranks` during the rendezvous.
+    """
+    return torch.device(place_ranks([local_view()], requested)[0].device)
+
+
+def init_distributed(
+    device: str = "auto",
+    backend: str | None = None,
+    timeout_s: float | None = None,
+    join_timeout_s: float | None = None,
+) -> tuple[DistEnv, torch.device]:
+    """Join the process group if a launcher started several processes.
+
+    Returns this process's :class:`DistEnv` and the device it should use. With
+    world size 1 no process group is created. Every rank must arrive within
+    ``join_timeout_s`` (default ``$COURSE_JOIN_TIMEOUT`` or 45 s), else the
+    error names the missing ranks and the address; each collective may then
+    wait ``timeout_s`` (default ``$COURSE_DIST_TIMEOUT`` or 600 s).
+
+    ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:N``) is placed by
+    :func:`course_utils.devices.place_ranks`: one GPU per rank with NCCL, never
+    two ranks on one GPU; with ``auto``, a host with more ranks than GPUs runs
+    every rank on the CPU with gloo and rank 0 says why in one line.
+    """
+    info = detect_env()
+    if not info.is_distributed or dist.is_initialized():
+        return info, choose_device(device)
+
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    if join_timeout_s is None:
+        join_timeout_s = float(os.environ.get("COURSE_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S))
+    # Slurm and MPI do not set these; the rendezvous needs them.
+    os.environ.setdefault("MASTER_ADDR", info.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(info.master_port))
+    store, placement = rendezvous(info, join_timeout_s, device)
+    dev = torch.device(placement.device)
+    if placement.note and info.rank == 0:
+        print(f"note: {placement.note}", file=sys.stderr, flush=True)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    atexit.register(_release_at_exit)
+    dist.init_process_group(
+        backend=backend or placement.backend,
+        store=store,
+        rank=info.rank,
+        world_size=info.world_size,
+        timeout=_dt.timedelta(seconds=timeout_s),
+        # NCCL then knows each rank's GPU for barrier() and object collectives, instead of guessing
+        device_id=dev if dev.type == "cuda" else None,
+    )
+    return info, dev
+
+
+@contextlib.contextmanager
+def session(device: str = "auto", **kwargs: float | str | None) -> Iterator[tuple[DistEnv, torch.device]]:
+    """``with session(args.device) as (info, device):`` join the group, and leave it however the block ends.
+
+    Replaces the ``init_distributed() ... try: ... finally: cleanup()`` every
+    script would otherwise end with. Errors while joining propagate unchanged.
+    """
+    info, dev = init_distributed(device, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield info, dev
+    except BaseException:
+        cleanup(meet_first=False)  # the other ranks may never reach a barrier now
+        raise
+    cleanup()
+
+
+def _release_at_exit() -> None:
+    """Free process groups while the interpreter is still alive.
+
+    DDP modules keep a reference to their process group inside reference
+    cycles; left to interpreter finalization, gloo's worker threads are torn
+    down without the GIL and the process can abort ("terminate called without
+    an active exception") after all its work is done. Collecting here, before
+    finalization, releases them cleanly.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
+
+
+def cleanup(meet_first: bool | None = None) -> None:
+    """Leave the process group (if any) so the process exits without warnings.
+
+    All ranks meet at a barrier first, so none tears down its connections while
+    a peer is still using them. After an error on one rank, the others would
+    wait there: ``meet_first=False`` skips it, and so does the default inside a
+    ``finally`` that an exception is passing through.
+    """
+    if meet_first is None:
+        meet_first = sys.exc_info()[0] is None
+    if dist.is_available() and dist.is_initialized():
+        if meet_first:
+            with contextlib.suppress(Exception):
+                dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def barrier() -> None:
+    if is_initialized():
+        dist.barrier()

@@ -1,0 +1,127 @@
+"""TrainConfig is the one source of training knobs: the command line, config files and the
+flags notebooks hand to train.py all come from its fields, and a checkpoint says which
+configuration wrote it."""
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+from course_utils import data
+from course_utils.checkpoint import CheckpointError, previous_path
+from course_utils.config import (
+    TrainConfig,
+    add_config_args,
+    changes,
+    config_flags,
+    config_from_args,
+    resume_mismatch,
+)
+from course_utils.launch import run_script
+from course_utils.models import build_model
+from course_utils.trainer import Trainer
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    return config_from_args(parser.parse_args([str(a) for a in argv]))
+
+
+def test_every_field_has_a_flag_and_no_flags_give_the_defaults():
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    dests = {a.dest for a in parser._actions}
+    assert {f.name for f in dataclasses.fields(TrainConfig)} <= dests
+    assert parse([]) == TrainConfig()
+
+
+def test_flags_round_trip_through_config_flags():
+    wanted = TrainConfig(model="cnn-gn", epochs=3, lr=0.2, precision="amp", tf32=False, channels_last=True,
+                         workers=0, steps_per_epoch=7, progress=False, ckpt_dir="/tmp/x")
+    flags = config_flags(wanted)
+    assert "--no-tf32" in flags and "--no-progress" in flags and "--channels-last" in flags
+    assert parse(flags) == wanted
+    assert changes(wanted) == {k: v for k, v in dataclasses.asdict(wanted).items()
+                               if v != getattr(TrainConfig(), k)}
+
+
+def test_a_config_file_sets_fields_and_flags_override_it(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "cnn-gn"\nepochs = 5\n[speed]\nprecision = "bf16"\nchannels_last = true\n')
+    cfg = parse(["--config", path, "--epochs", "2"])
+    assert (cfg.model, cfg.epochs, cfg.precision, cfg.channels_last) == ("cnn-gn", 2, "bf16", True)
+    assert cfg.lr == TrainConfig().lr
+
+
+@pytest.mark.parametrize("text, message", [
+    ("modell = 'cnn'\n", "unknown setting 'modell'"),
+    ("epochs = 'two'\n", "epochs takes an int"),
+    ("epochs = 0\n", "epochs must be >= 1"),
+    ("precision = 'fp8'\n", "precision must be one of"),
+    ("compile = 1\n", "compile takes true or false"),
+    ("epochs = \n", "not valid TOML"),
+])
+def test_a_bad_config_file_is_one_line_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as err:
+        parse(["--config", path])
+    assert str(path) in str(err.value)
+
+
+def test_train_script_reads_a_config_file(tmp_path):
+    path = tmp_path / "quick.toml"
+    path.write_text("epochs = 1\nworkers = 0\nn_train = 256\nn_val = 64\nbatch_size = 32\nlr = 0.07\n")
+    run = run_script("train.py", ["--config", path, "--batch-size", "64"], echo=False, timeout_s=300)
+    assert "global batch 64, lr 0.07" in run.output
+
+
+def test_resume_mismatch_names_the_fields_that_must_match():
+    saved = dataclasses.asdict(TrainConfig(model="cnn", batch_size=32, precision="fp32", epochs=1))
+    now = TrainConfig(model="cnn", batch_size=64, precision="bf16", epochs=3, workers=0)
+    assert resume_mismatch(saved, now) == ["batch_size 32 -> 64", "precision 'fp32' -> 'bf16'"]
+    assert resume_mismatch({"model": "cnn"}, TrainConfig()) == [], "fields an older checkpoint lacks are not compared"
+
+
+def small_trainer(ckpt, **cfg):
+    train, _, _ = data.get_datasets("synthetic", n_train=128, n_val=16, augment=False)
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=cfg.pop("epochs", 1), progress=False, ckpt_dir=str(ckpt), workers=0, **cfg)
+    return Trainer(build_model(config.model), data.make_loader(train, 32, seed=0), "cpu", config)
+
+
+def test_resuming_with_another_configuration_stops_with_one_line(tmp_path):
+    small_trainer(tmp_path).fit()
+    with pytest.raises(CheckpointError, match=r"another configuration \(model 'cnn' -> 'cnn-gn'\)"):
+        small_trainer(tmp_path, epochs=2, model="cnn-gn")
+    assert small_trainer(tmp_path, epochs=2, log_every=3).epoch == 1, "a change that is safe still resumes"
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    small_trainer(tmp_path).fit()
+    small_trainer(tmp_path, epochs=2).fit()  # its save keeps epoch 1's checkpoint as last.prev.pt
+    last = tmp_path / "last.pt"
+    assert torch.load(previous_path(last), weights_only=False)["epoch"] == 1
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a copy cut short
+    resumed = small_trainer(tmp_path, epochs=3)
+    out = capsys.readouterr().out
+    assert "last.pt is unreadable" in out and "resuming from the checkpoint before it" in out
+    assert resumed.epoch == 1
+    previous_path(last).unlink()
+    with pytest.raises(CheckpointError, match="last.pt is unreadable"):
+        small_trainer(tmp_path, epochs=3)
+
+
+def test_train_script_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path):
+    args = ["--epochs", 1, "--workers", 0, "--n-train", 128, "--n-val", 32, "--batch-size", 32,
+            "--ckpt-dir", tmp_path]
+    run_script("train.py", args, echo=False, timeout_s=300)
+    other = run_script("train.py", [*args, "--batch-size", 64], check=False, echo=False, timeout_s=300)
+    assert other.returncode == 2 and "Traceback" not in other.output
+    assert "was written by another configuration (batch_size 32 -> 64)" in other.output
+    (tmp_path / "last.pt").write_bytes(b"\x00" * 100)
+    broken = run_script("train.py", args, check=False, echo=False, timeout_s=300)
+    assert broken.returncode == 2 and "Traceback" not in broken.output
+    assert f"the checkpoint {tmp_path / 'last.pt'} is unreadable" in broken.output
