@@ -4,29 +4,29 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-SHELL = sorted(ROOT.glob("envs/**/*.sh")) + [ROOT / "data" / "stage.sh"]
+from course_utils.paths import REPO_ROOT
+
+SHELL = sorted(REPO_ROOT.glob("envs/**/*.sh")) + [REPO_ROOT / "data" / "stage.sh"]
 
 
 def test_environment_files_are_generated_from_pyproject():
-    out = subprocess.run([sys.executable, "envs/generate.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "envs/generate.py", "--check"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
 
 @pytest.mark.parametrize("cluster", ["ft3", "frontera"])
 def test_environment_file_parses_and_pins_torch(cluster):
-    spec = yaml.safe_load((ROOT / "envs" / cluster / "environment.yml").read_text())
+    spec = yaml.safe_load((REPO_ROOT / "envs" / cluster / "environment.yml").read_text())
     pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
     assert "python=3.11" in spec["dependencies"]
     assert any(p.startswith("torch==") for p in pip) and all("==" in p for p in pip)
 
 
-@pytest.mark.parametrize("script", SHELL, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("script", SHELL, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_shell_scripts_parse(script):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
@@ -34,26 +34,28 @@ def test_shell_scripts_parse(script):
 def test_shell_scripts_pass_shellcheck():
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck; the suite installs it as root)")
-    out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SHELL)], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SHELL)], capture_output=True, text=True,
+                         cwd=REPO_ROOT)
     assert out.returncode == 0, out.stdout
 
 
 def test_setup_outside_the_cluster_says_where_to_run(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("STORE", "WORK", "COURSE_CONDA_ENV")}
-    out = subprocess.run(["bash", str(ROOT / "envs" / "ft3" / "setup.sh")], capture_output=True, text=True, env=env)
+    out = subprocess.run(["bash", str(REPO_ROOT / "envs" / "ft3" / "setup.sh")], capture_output=True, text=True,
+                         env=env)
     assert out.returncode != 0 and "run this on FT3" in out.stderr
 
 
 def test_stage_copies_to_node_local_and_points_course_data_there(tmp_path):
     (tmp_path / "store" / "MNIST" / "raw").mkdir(parents=True)
     (tmp_path / "store" / "MNIST" / "raw" / "x.gz").write_bytes(b"123")
-    script = f"source {ROOT}/data/stage.sh mnist && echo COURSE_DATA=$COURSE_DATA"
+    script = f"source {REPO_ROOT}/data/stage.sh mnist && echo COURSE_DATA=$COURSE_DATA"
     env = {**os.environ, "COURSE_DATA": str(tmp_path / "store"), "TMPDIR": str(tmp_path / "node"), "SLURM_JOB_ID": "7"}
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     staged = tmp_path / "node" / "course-data-7"
     assert f"COURSE_DATA={staged}" in out.stdout
     assert (staged / "MNIST" / "raw" / "x.gz").read_bytes() == b"123"
-    missing = subprocess.run(["bash", "-c", f"source {ROOT}/data/stage.sh cifar10"], capture_output=True, text=True,
-                             env=env)
+    missing = subprocess.run(["bash", "-c", f"source {REPO_ROOT}/data/stage.sh cifar10"], capture_output=True,
+                             text=True, env=env)
     assert missing.returncode != 0 and "python -m course_utils.data download cifar10" in missing.stderr

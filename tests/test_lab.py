@@ -6,14 +6,12 @@ import shutil
 import signal
 import subprocess
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from course_utils.dist import free_port
+from course_utils.paths import REPO_ROOT
 from course_utils.waiting import wait_until
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -25,7 +23,7 @@ def _get(url: str) -> tuple[int, str]:
 def test_make_lab_serves_the_notebooks():
     port, token = free_port(), "course-test-token"
     args = f"--no-browser --port={port} --ServerApp.token={token} --ServerApp.open_browser=False"
-    proc = subprocess.Popen(["make", "-C", str(ROOT), "lab", f"LAB_ARGS={args}"],
+    proc = subprocess.Popen(["make", "-C", str(REPO_ROOT), "lab", f"LAB_ARGS={args}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -5,16 +5,16 @@ train, 2,000 to evaluate) when it is beside the checkout, as on the course's
 CI. A fresh clone has no ../shared, and then this test is skipped.
 """
 
-from pathlib import Path
 
 import pytest
 import torch
 
 from course_utils import data
 from course_utils.models import build_model
+from course_utils.paths import REPO_ROOT
 from course_utils.trainer import TrainConfig, Trainer
 
-MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist-t10k"
+MNIST_DIR = REPO_ROOT.parent / "shared" / "data" / "mnist-t10k"
 
 
 @pytest.mark.skipif(

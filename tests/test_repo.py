@@ -4,12 +4,12 @@ the pins in pyproject and constraints.txt agree."""
 import json
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+from course_utils.paths import REPO_ROOT
+
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_there_are_notebooks():
@@ -47,10 +47,10 @@ def _pins(lines):
 
 
 def test_constraints_agree_with_pyproject():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     declared = project["dependencies"] + [d for ds in project["optional-dependencies"].values() for d in ds]
     wanted = _pins(declared)
-    locked = _pins((ROOT / "constraints.txt").read_text().splitlines())
+    locked = _pins((REPO_ROOT / "constraints.txt").read_text().splitlines())
     assert wanted, "pyproject pins its direct dependencies"
     unpinned = [d for d in declared if "==" not in d]
     assert not unpinned, f"direct dependencies must be pinned exactly: {unpinned}"

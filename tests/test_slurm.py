@@ -18,19 +18,19 @@ import torch
 from course_utils import slurm
 from course_utils.checkpoint import load_checkpoint
 from course_utils.launch import run_script
+from course_utils.paths import REPO_ROOT
 from course_utils.results import parse_result, results_in_log
 from course_utils.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "slurm").glob("*/*.sbatch"))
+SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*/*.sbatch"))
 TINY = "--model cnn --epochs 2 --n-train 256 --n-val 64 --batch-size 16 --workers 0"
-PLAIN = {"TRAIN_SCRIPT": str(ROOT / "scripts" / "plain_ddp.py"), "TRAIN_ARGS": "--steps 20"}
+PLAIN = {"TRAIN_SCRIPT": str(REPO_ROOT / "scripts" / "plain_ddp.py"), "TRAIN_ARGS": "--steps 20"}
 
 slurm_cluster_module = pytest.importorskip("slurm_cluster", reason="tests/ is not on sys.path")
 REASON = slurm_cluster_module.unavailable_reason()
 needs_cluster = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
-_spec = importlib.util.spec_from_file_location("slurm_generate", ROOT / "slurm" / "generate.py")
+_spec = importlib.util.spec_from_file_location("slurm_generate", REPO_ROOT / "slurm" / "generate.py")
 generate = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generate)
 SITES = generate.sites()
@@ -58,13 +58,14 @@ def plain_results(log: Path) -> list[dict]:
 
 
 def test_generated_scripts_are_the_committed_ones():
-    out = subprocess.run(["python3", str(ROOT / "slurm" / "generate.py"), "--check"], capture_output=True, text=True)
+    out = subprocess.run(["python3", str(REPO_ROOT / "slurm" / "generate.py"), "--check"], capture_output=True,
+                         text=True)
     assert out.returncode == 0, out.stderr + "\nrun: python slurm/generate.py, and commit what it writes"
 
 
 def test_frontera_sweep_packs_a_trial_per_gpu_and_ft3_takes_one_gpu_per_trial():
-    frontera = (ROOT / "slurm" / "frontera" / "sweep_array.sbatch").read_text()
-    ft3 = (ROOT / "slurm" / "ft3" / "sweep_array.sbatch").read_text()
+    frontera = (REPO_ROOT / "slurm" / "frontera" / "sweep_array.sbatch").read_text()
+    ft3 = (REPO_ROOT / "slurm" / "ft3" / "sweep_array.sbatch").read_text()
     assert "TRIALS_PER_TASK=4" in frontera and "#SBATCH --array=0-0" in frontera and "--gres" not in frontera
     assert "TRIALS_PER_TASK=1" in ft3 and "#SBATCH --gres=gpu:a100:1" in ft3 and "#SBATCH --array=0-3" in ft3
 
@@ -109,7 +110,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
     jobs = {}
     for site in SITES:
         runs = tmp_path / site
-        job = slurm.sbatch(ROOT / "slurm" / site / "requeue.sbatch",
+        job = slurm.sbatch(REPO_ROOT / "slurm" / site / "requeue.sbatch",
                            env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **one_thread})
         jobs[job] = (site, runs / f"{site}-requeue-{job}" / "ckpt" / "last.pt")
     for job, (_site, ckpt) in jobs.items():
@@ -145,7 +146,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
 
 @needs_cluster
 def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
-    script = ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
+    script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
     args = "--model cnn --epochs 2 --n-train 512 --n-val 64 --batch-size 16 --workers 0"
     jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env={"TRAIN_ARGS": args}) for _ in range(2)]
     records = slurm.wait(jobs, timeout_s=600)
@@ -164,7 +165,7 @@ def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
 
 
 def run_sbatch_by_hand(script: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(ROOT / "slurm" / script)], capture_output=True, text=True,
+    return subprocess.run(["bash", str(REPO_ROOT / "slurm" / script)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **env})
 
 
@@ -180,7 +181,7 @@ def test_submitted_from_the_wrong_folder_says_where_to_submit_from(tmp_path):
 
 
 def test_a_missing_train_script_is_named(tmp_path):
-    out = run_sbatch_by_hand("generic/one_node.sbatch", SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(ROOT),
+    out = run_sbatch_by_hand("generic/one_node.sbatch", SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(REPO_ROOT),
                              TRAIN_SCRIPT=str(tmp_path / "nope.py"))
     assert out.returncode == 2 and f"TRAIN_SCRIPT={tmp_path / 'nope.py'} does not exist" in out.stderr
 
@@ -190,7 +191,7 @@ def test_scripts_pass_shellcheck():
 
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck; the suite installs it as root)")
-    libs = sorted((ROOT / "slurm" / "lib").glob("*.sh"))
+    libs = sorted((REPO_ROOT / "slurm" / "lib").glob("*.sh"))
     out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SCRIPTS + libs)],
-                         capture_output=True, text=True, cwd=ROOT)
+                         capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stdout

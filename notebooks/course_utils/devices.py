@@ -86,7 +86,31 @@ def place_ranks(views: Sequence[RankView], requested: str = "auto", nccl_availab
             f"rank(s) {_ranks(no_gpu)} see no GPU: all ranks run on the CPU with gloo"
         return [Placement("cpu", "gloo", note)] * world
 
-    # Ranks that see the same GPUs on the same host share them: the k-th of them takes the k-th GPU.
+    devices, crowded = _assign_gpus(views, requested)
+    shared = _shared_gpus(views, devices)
+    if crowded or (shared and nccl_available):
+        if crowded:
+            (host, gpus), n = next(iter(crowded.items()))
+            problem = f"{n} ranks on {host} but only {len(gpus)} GPU(s) there"
+        else:
+            a, b, host = shared[0]
+            problem = f"ranks {a} and {b} would share one GPU on {host}"
+        fix = ("start at most one rank per GPU on each host (torchrun --nproc-per-node=<GPUs>, "
+               "srun --ntasks-per-node=<GPUs>), or use --device cpu to run the ranks on the CPU with gloo")
+        if requested == "auto":
+            return [Placement("cpu", "gloo", f"{problem}: NCCL cannot put two ranks on one GPU, "
+                                             "so all ranks run on the CPU with gloo")] * world
+        raise PlacementError(f"{problem}, and NCCL refuses two ranks on one GPU: {fix}.")
+
+    backend = "nccl" if nccl_available else "gloo"
+    return [Placement(d, backend) for d in devices]
+
+
+def _assign_gpus(views: Sequence[RankView], requested: str) -> tuple[list[str], dict[tuple[str, tuple[str, ...]], int]]:
+    """Each rank's GPU ("" where there is none left), and the views with more ranks than GPUs.
+
+    Ranks that see the same GPUs on the same host share them: the k-th of them takes the k-th GPU.
+    """
     devices: list[str] = []
     crowded: dict[tuple[str, tuple[str, ...]], int] = {}
     seen: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -105,8 +129,12 @@ def place_ranks(views: Sequence[RankView], requested: str = "auto", nccl_availab
         else:
             devices.append("")
             crowded[key] = seen[key]
+    return devices, crowded
 
-    # Two ranks may reach the same GPU through different views (cuda:N, or two torchrun agents on one host).
+
+def _shared_gpus(views: Sequence[RankView], devices: Sequence[str]) -> list[tuple[int, int, str]]:
+    """``(first rank, second rank, host)`` for each GPU two ranks reach through different views
+    (``cuda:N`` everywhere, or two torchrun agents on one host), by the GPUs' UUIDs."""
     owner: dict[tuple[str, str], int] = {}
     shared: list[tuple[int, int, str]] = []
     for r, (v, d) in enumerate(zip(views, devices)):
@@ -116,23 +144,7 @@ def place_ranks(views: Sequence[RankView], requested: str = "auto", nccl_availab
                 shared.append((owner[key], r, v.host))
             else:
                 owner[key] = r
-
-    if crowded or (shared and nccl_available):
-        if crowded:
-            (host, gpus), n = next(iter(crowded.items()))
-            problem = f"{n} ranks on {host} but only {len(gpus)} GPU(s) there"
-        else:
-            a, b, host = shared[0]
-            problem = f"ranks {a} and {b} would share one GPU on {host}"
-        fix = ("start at most one rank per GPU on each host (torchrun --nproc-per-node=<GPUs>, "
-               "srun --ntasks-per-node=<GPUs>), or use --device cpu to run the ranks on the CPU with gloo")
-        if requested == "auto":
-            return [Placement("cpu", "gloo", f"{problem}: NCCL cannot put two ranks on one GPU, "
-                                             "so all ranks run on the CPU with gloo")] * world
-        raise PlacementError(f"{problem}, and NCCL refuses two ranks on one GPU: {fix}.")
-
-    backend = "nccl" if nccl_available else "gloo"
-    return [Placement(d, backend) for d in devices]
+    return shared
 
 
 def _ranks(ranks: Sequence[int]) -> str:

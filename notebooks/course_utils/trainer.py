@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -86,16 +86,7 @@ class Trainer:
 
         self.memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         self.raw_model = model.to(self.device, memory_format=self.memory_format)
-        net: nn.Module = self.raw_model
-        if cdist.get_world_size() > 1:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            net = DDP(net, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
-                      gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
-        self.ddp = net if isinstance(net, DDP) else None
-        self._buckets_settled = self.ddp is None
-        if self.cfg.compile:
-            net = torch.compile(net)
-        self.model = net
+        self.model = self._wrap(self.raw_model)
 
         self.train_loader, self.val_loader = train_loader, val_loader
         # the linear scaling rule, when asked for: the global batch grew, so does the rate
@@ -130,6 +121,16 @@ class Trainer:
             self.resume_from(self.ckpt_path)
 
     # ------------------------------------------------------------------ #
+    def _wrap(self, net: nn.Module) -> nn.Module:
+        """DDP when there are several ranks (it all-reduces the gradients), then torch.compile if asked."""
+        self.ddp = None
+        if cdist.get_world_size() > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            net = self.ddp = DDP(net, device_ids=ids, bucket_cap_mb=self.cfg.bucket_cap_mb,
+                                 gradient_as_bucket_view=self.cfg.grad_as_bucket_view)
+        self._buckets_settled = self.ddp is None
+        return torch.compile(net) if self.cfg.compile else net
+
     def _lr_warmup_steps(self) -> int:
         batches = len(self.train_loader)
         if self.cfg.steps_per_epoch:
@@ -158,24 +159,9 @@ class Trainer:
     def train_epoch(self) -> tuple[float, Throughput]:
         """One pass over the training loader (or ``steps_per_epoch`` batches)."""
         self.model.train()
-        # A mid-epoch checkpoint resumes after the batches it had trained, with their loss sum.
-        resume, self._resume_in_epoch = self._resume_in_epoch or {}, None
-        if resume and resume["world_size"] != cdist.get_world_size():
-            cdist.print0(f"the checkpoint was written mid-epoch by {resume['world_size']} ranks, this run has "
-                         f"{cdist.get_world_size()}: epoch {self.epoch} starts again from its first batch")
-            resume = {}
-        start = resume.get("batches", 0)
-        set_epoch(self.train_loader, self.epoch)  # from its first batch: the epoch's full length
-        n_batches = len(self.train_loader)
-        if self.cfg.steps_per_epoch:
-            n_batches = min(n_batches, self.cfg.steps_per_epoch)
-        skipped = set_epoch(self.train_loader, self.epoch, skip_batches=start)
+        start, n_batches, batches, total, count = self._epoch_start()
         meter = Throughput(self.device, untimed_steps=self.cfg.untimed_steps)
-        total = resume["loss_sums"][cdist.get_rank()].to(self.device).reshape(()) if start \
-            else torch.zeros((), device=self.device)
-        count = resume.get("count", 0)
         accum = self.cfg.grad_accum
-        batches = iter(self.train_loader) if skipped else itertools.islice(iter(self.train_loader), start, None)
         it = self._progress(batches, n_batches - start, f"epoch {self.epoch}")
         self.epoch_complete = True
         meter.start()
@@ -209,13 +195,7 @@ class Trainer:
             if self.step_callback is not None:
                 self.step_callback()
             if (i + 1) % self.cfg.log_every == 0 or i + 1 == n_batches:
-                value = loss.item()
-                self.step_losses.append(value)
-                if self.writer:
-                    self.writer.add_scalar("loss/train_step", value, self.global_step)
-                    self.writer.add_scalar("lr", self.optimizer.param_groups[0]["lr"], self.global_step)
-                if hasattr(it, "set_postfix"):
-                    it.set_postfix(loss=f"{value:.3f}")
+                self._log_step(loss.item(), it)
         meter.stop()
         if hasattr(it, "close"):
             it.close()
@@ -224,6 +204,33 @@ class Trainer:
             torch.distributed.all_reduce(mean)
             mean /= cdist.get_world_size()
         return mean.item(), meter
+
+    def _epoch_start(self) -> tuple[int, int, Iterator, torch.Tensor, int]:
+        """The first batch of this epoch (after those a mid-epoch checkpoint had trained), the
+        epoch's length, its batches from there, and the loss sum and count carried over."""
+        resume, self._resume_in_epoch = self._resume_in_epoch or {}, None
+        if resume and resume["world_size"] != cdist.get_world_size():
+            cdist.print0(f"the checkpoint was written mid-epoch by {resume['world_size']} ranks, this run has "
+                         f"{cdist.get_world_size()}: epoch {self.epoch} starts again from its first batch")
+            resume = {}
+        start = resume.get("batches", 0)
+        set_epoch(self.train_loader, self.epoch)  # from its first batch: the epoch's full length
+        n_batches = len(self.train_loader)
+        if self.cfg.steps_per_epoch:
+            n_batches = min(n_batches, self.cfg.steps_per_epoch)
+        skipped = set_epoch(self.train_loader, self.epoch, skip_batches=start)
+        batches = iter(self.train_loader) if skipped else itertools.islice(iter(self.train_loader), start, None)
+        total = resume["loss_sums"][cdist.get_rank()].to(self.device).reshape(()) if start \
+            else torch.zeros((), device=self.device)
+        return start, n_batches, batches, total, resume.get("count", 0)
+
+    def _log_step(self, loss: float, bar: Any) -> None:
+        self.step_losses.append(loss)
+        if self.writer:
+            self.writer.add_scalar("loss/train_step", loss, self.global_step)
+            self.writer.add_scalar("lr", self.optimizer.param_groups[0]["lr"], self.global_step)
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(loss=f"{loss:.3f}")
 
     def _settle_buckets(self, x: torch.Tensor) -> None:
         """Let DDP reorder its gradient buckets before the first real step of a run.
