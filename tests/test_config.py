@@ -125,3 +125,16 @@ def test_train_script_refuses_another_configuration_and_a_corrupt_checkpoint(tmp
     broken = run_script("train.py", args, check=False, echo=False, timeout_s=300)
     assert broken.returncode == 2 and "Traceback" not in broken.output
     assert f"the checkpoint {tmp_path / 'last.pt'} is unreadable" in broken.output
+
+
+def test_the_committed_config_files_are_valid():
+    from course_utils.config import load_config_file
+    from course_utils.paths import REPO_ROOT
+
+    files = sorted((REPO_ROOT / "configs").glob("*.toml"))
+    assert files, "configs/ holds the example config files"
+    for path in files:
+        settings = load_config_file(path)  # raises on an unknown setting or a bad value
+        assert settings, f"{path} sets nothing"
+        assert parse(["--config", path]) == parse(config_flags(TrainConfig(**settings))), \
+            "a file and the flags it stands for are the same run"

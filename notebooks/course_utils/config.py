@@ -33,7 +33,7 @@ from .devices import DEVICE_HELP
 from .models import MODELS
 from .precision import PRECISIONS
 
-GROUPS = ("data", "model and optimisation", "speed", "output")
+GROUPS = ("data", "training", "speed", "output")
 
 
 def knob(default: Any, group: str, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
@@ -63,20 +63,20 @@ class TrainConfig:
     pin_memory: bool = knob(False, "data", "page-locked host memory (GPU only)")
     seed: int = knob(0, "data", "seed of the weights, the data order and the synthetic images", same_on_resume=True)
     # model and optimisation
-    model: str = knob("cnn", "model and optimisation", "the network", choices=MODELS, same_on_resume=True)
-    epochs: int = knob(2, "model and optimisation", "train until this many epochs are done", minimum=1)
-    batch_size: int = knob(128, "model and optimisation", "per rank; global = this x world size x grad-accum",
+    model: str = knob("cnn", "training", "the network", choices=MODELS, same_on_resume=True)
+    epochs: int = knob(2, "training", "train until this many epochs are done", minimum=1)
+    batch_size: int = knob(128, "training", "per rank; global = this x world size x grad-accum",
                            minimum=1, same_on_resume=True)
-    lr: float = knob(0.05, "model and optimisation", "learning rate (per rank-batch with --scale-lr)", positive=True)
-    momentum: float = knob(0.9, "model and optimisation", "SGD momentum", minimum=0, same_on_resume=True)
-    weight_decay: float = knob(5e-4, "model and optimisation", "SGD weight decay", minimum=0)
-    grad_accum: int = knob(1, "model and optimisation", "micro-batches per optimiser step", minimum=1,
+    lr: float = knob(0.05, "training", "learning rate (per rank-batch with --scale-lr)", positive=True)
+    momentum: float = knob(0.9, "training", "SGD momentum", minimum=0, same_on_resume=True)
+    weight_decay: float = knob(5e-4, "training", "SGD weight decay", minimum=0)
+    grad_accum: int = knob(1, "training", "micro-batches per optimiser step", minimum=1,
                            same_on_resume=True)
-    scale_lr: bool = knob(False, "model and optimisation", "linear scaling rule: lr x world size x grad-accum",
+    scale_lr: bool = knob(False, "training", "linear scaling rule: lr x world size x grad-accum",
                           same_on_resume=True)
-    warmup_epochs: float = knob(0.0, "model and optimisation", "linear learning-rate warm-up (Goyal et al. 2017)",
+    warmup_epochs: float = knob(0.0, "training", "linear learning-rate warm-up (Goyal et al. 2017)",
                                 minimum=0)
-    steps_per_epoch: int | None = knob(None, "model and optimisation", "cap batches per epoch (quick runs)",
+    steps_per_epoch: int | None = knob(None, "training", "cap batches per epoch (quick runs)",
                                        minimum=1)
     # speed
     device: str = knob("auto", "speed", DEVICE_HELP)
