@@ -1,6 +1,8 @@
-"""Session-wide hooks: system tools installed once, notebook times, the Slurm test cluster for 04-05."""
+"""Session-wide hooks: system tools installed once, notebook times, the Slurm test cluster for 04-05,
+and the notebooks' exercises answered by their reference solutions."""
 
 import importlib.util
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -31,6 +33,12 @@ def _slurm_cluster_module():
         sys.modules["slurm_cluster"] = module
         spec.loader.exec_module(module)
     return sys.modules["slurm_cluster"]
+
+
+def pytest_configure(config):
+    # Notebook kernels inherit this: each exercise runs its reference solution through the same
+    # checker a learner's answer meets (course_utils.exercises); a learner's Run All stops there.
+    os.environ.setdefault("COURSE_SOLUTIONS", "1")
 
 
 def pytest_sessionstart(session):

@@ -63,7 +63,7 @@ def main() -> int:
         cdist.print0(f"{n} ranks, backend {backend}, device {device.type}")
         cdist.print0(f"ring all-reduce vs dist.all_reduce on sizes {sizes}: int64 identical: {exact}; "
                      f"float64 max relative difference {err:.1e}")
-        rows = []
+        rows, traffic = [], []
         nbytes = args.min_kib * 1024 if not args.check_only else args.max_mib * 2**20 + 1
         cdist.print0(f"\n{'bytes':>12s} {'impl':>8s} {'time ms':>9s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}")
         while nbytes <= args.max_mib * 2**20:
@@ -71,6 +71,10 @@ def main() -> int:
             impls = {"builtin": lambda x=x: dist.all_reduce(x)}
             if not args.no_ring:
                 impls["ring"] = lambda x=x: ring_all_reduce(x)
+            if not args.no_ring:  # what one ring all-reduce of this buffer sends from this rank, counted
+                sent: list[int] = []
+                ring_all_reduce(x.clone(), sent)
+                traffic.append({"world": n, "nbytes": nbytes, "sent_per_rank": sum(sent), "messages": len(sent)})
             for name, fn in impls.items():
                 seconds = time_op(fn, device, iters=args.iters)
                 alg, bus = bandwidths("all_reduce", nbytes, seconds, n)
@@ -78,11 +82,11 @@ def main() -> int:
                 cdist.print0(f"{nbytes:12,d} {name:>8s} {1e3 * seconds:9.3f} {alg:11.3f} {bus:11.3f}")
             nbytes *= 4
         result = {"world_size": n, "backend": backend, "device": device.type, "ring_int_exact": exact,
-                  "ring_max_rel_diff": err, "rows": rows}
+                  "ring_max_rel_diff": err, "rows": rows, "ring_traffic": traffic}
         if args.json and cdist.is_main_process():
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(result, indent=2))
-        emit_result({k: v for k, v in result.items() if k != "rows"})
+        emit_result({k: v for k, v in result.items() if k not in ("rows", "ring_traffic")})
         return 0 if exact and err < 1e-12 else 1
 
 

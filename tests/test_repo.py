@@ -32,9 +32,30 @@ def test_notebook_teaches_in_the_course_shape(path):
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert markdown.lstrip().startswith("# "), "opens with a title"
     assert "What you will learn" in markdown
-    assert "Exercise" in markdown and "Solution" in markdown
+    assert "## Exercise" in markdown
+    assert "## What you learned" in markdown and "## Further reading" in markdown, "it closes with a summary"
     assert "import course_utils" in code or "from course_utils" in code
-    assert "assert " in code, "a notebook checks what it teaches"
+    assert "assert " in code or "check_" in code, "a notebook checks what it teaches"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_ends_with_a_checked_exercise(path):
+    from course_utils import exercises, solutions
+
+    cells = json.loads(path.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    marked = [(i, m.group(1)) for i, src in enumerate(code) for m in re.finditer(r'@exercise\("([a-z_]+)"\)', src)]
+    assert marked, f"{path.name}: no @exercise cell for the learner"
+    for i, name in marked:
+        assert hasattr(solutions, name), f"{path.name}: exercise {name!r} has no reference solution"
+        learner = code[i]
+        assert "raise NotImplementedError" in learner, "the learner's cell starts unsolved"
+        checks = [c for c in code[i + 1:] if re.search(r"check_[a-z_]+\(" + name, c)]
+        assert checks, f"{path.name}: no checker judges {name!r} after its cell"
+        checker = re.search(r"(check_[a-z_]+)\(" + name, checks[0]).group(1)
+        assert hasattr(exercises, checker), checker
+    assert not any("solution" in c.get("metadata", {}).get("tags", []) for c in cells), \
+        "no solution cell for Run All to execute: the reference lives in course_utils.solutions"
 
 
 def _pins(lines):

@@ -1,0 +1,211 @@
+"""The notebooks' exercises: a cell for the learner, a checker that judges it against the run.
+
+A learner's cell defines a function and marks it with :func:`exercise`::
+
+    @exercise("ring_bytes")
+    def ring_bytes(nbytes: int, world: int) -> float:
+        raise NotImplementedError("bytes one rank sends in a ring all-reduce of nbytes")
+
+Until it is filled, calling it stops Run All there with :class:`ExerciseNotDone`
+(what to do, not the answer). The next cell hands it to a checker below, which
+compares the answer with what the notebook measured and says why a wrong one
+is wrong. With ``COURSE_SOLUTIONS=1`` (what the test suite sets) the reference
+solution in :mod:`course_utils.solutions` runs instead, through the same checker.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+SOLUTIONS_VAR = "COURSE_SOLUTIONS"
+
+
+class ExerciseNotDone(Exception):
+    """The learner's cell still raises NotImplementedError."""
+
+
+class WrongAnswer(AssertionError):
+    """The checker's verdict on a wrong answer, with the reason."""
+
+
+def solutions_enabled() -> bool:
+    return os.environ.get(SOLUTIONS_VAR, "").strip() == "1"
+
+
+def exercise(name: str) -> Callable[[F], F]:
+    """Mark the learner's function for exercise ``name`` (see the module's docstring)."""
+
+    def mark(fn: F) -> F:
+        if solutions_enabled():
+            from . import solutions
+
+            return getattr(solutions, name)
+
+        @functools.wraps(fn)
+        def learner(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except NotImplementedError as exc:
+                raise ExerciseNotDone(
+                    f"Exercise '{name}' is yours to write: {exc}. Replace the `raise NotImplementedError` "
+                    "in the cell above with your code, run that cell, then this one; the check says whether "
+                    "your answer matches this run's measurements."
+                ) from None
+
+        return learner  # type: ignore[return-value]
+
+    return mark
+
+
+def _close(got: float, want: float, rel: float) -> bool:
+    return math.isfinite(got) and abs(got - want) <= rel * abs(want) + 1e-9
+
+
+def passed(message: str) -> None:
+    print(f"correct: {message}")
+
+
+# --------------------------------------------------------------------------- #
+# 01: gradient accumulation
+# --------------------------------------------------------------------------- #
+def check_accumulation(plan: Callable[[int, int], tuple[int, int]], steps: Mapping[str, int] | None = None) -> None:
+    """``plan(global_batch, fits)`` -> ``(micro_batch, grad_accum)``: the global batch kept,
+    no micro-batch larger than what fits, as few micro-steps as that allows. ``steps``: the
+    optimiser steps the notebook measured for the big batch and for the plan (equal if right)."""
+    for global_batch, fits in ((128, 32), (256, 256), (96, 40), (512, 48)):
+        micro, accum = plan(global_batch, fits)
+        if micro * accum != global_batch:
+            raise WrongAnswer(f"for a global batch of {global_batch}, {micro} x {accum} = {micro * accum} images "
+                              "reach one optimiser step: the learning rate was tuned for the global batch")
+        if micro > fits:
+            raise WrongAnswer(f"a micro-batch of {micro} does not fit where at most {fits} do (out of memory)")
+        fewest = min(a for a in range(1, global_batch + 1) if global_batch % a == 0 and global_batch // a <= fits)
+        if accum != fewest:
+            raise WrongAnswer(f"{accum} micro-steps for {global_batch} with {fits} fitting: {fewest} would do, and "
+                              "each extra one is a forward and backward pass on a smaller, less efficient batch")
+    if steps is not None and steps["big batch"] != steps["accumulated"]:
+        raise WrongAnswer(f"the runs took {steps['big batch']} and {steps['accumulated']} optimiser steps: "
+                          "the same global batch must give the same number of updates")
+    passed("the global batch is kept, every micro-batch fits, and the optimiser took the same number of steps")
+
+
+# --------------------------------------------------------------------------- #
+# 02: what a ring all-reduce sends
+# --------------------------------------------------------------------------- #
+def check_ring_bytes(formula: Callable[[int, int], float], measured: Sequence[Mapping[str, float]]) -> None:
+    """``formula(nbytes, world)`` against the bytes the hand-written ring counted as it sent them
+    (rows of ``world``, ``nbytes``, ``sent_per_rank``), then against world sizes not measured here."""
+    for row in measured:
+        got, want = formula(int(row["nbytes"]), int(row["world"])), row["sent_per_rank"]
+        if not _close(got, want, 0.01):
+            raise WrongAnswer(f"{row['world']} ranks, {row['nbytes']:,.0f} bytes: your formula says {got:,.0f} bytes "
+                              f"per rank, the ring sent {want:,.0f}")
+    for world in (4, 8, 64):
+        got, want = formula(2**20, world), 2 * (world - 1) / world * 2**20
+        if not _close(got, want, 0.01):
+            raise WrongAnswer(f"right for the runs here, but for {world} ranks: {got:,.0f} bytes where each rank "
+                              f"sends 2(N-1) chunks of S/N = {want:,.0f}")
+    passed("2(N-1)/N x S: under 2S per rank however many ranks there are")
+
+
+# --------------------------------------------------------------------------- #
+# 03: strong scaling
+# --------------------------------------------------------------------------- #
+def check_strong_efficiency(efficiency: Callable[[Sequence[Mapping[str, float]]], list[float]],
+                            rows: Sequence[Mapping[str, float]]) -> None:
+    """``efficiency(rows)``: per run, the 1-rank time over (N x the N-rank time), from rows
+    with ``world_size`` and ``seconds`` for the same total work."""
+    got = list(efficiency(rows))
+    base = next(r["seconds"] for r in rows if r["world_size"] == 1)
+    want = [base / (r["world_size"] * r["seconds"]) for r in rows]
+    if len(got) != len(want):
+        raise WrongAnswer(f"{len(got)} efficiencies for {len(want)} runs")
+    for r, g, w in zip(rows, got, want):
+        if not _close(g, w, 0.01):
+            raise WrongAnswer(f"{r['world_size']} ranks: you say {g:.3f}, the times say {w:.3f} "
+                              "(the total work is fixed, so ideal time at N ranks is T1/N)")
+    passed("efficiency(N) = T1 / (N x TN), from this run's times")
+
+
+# --------------------------------------------------------------------------- #
+# 00: where to unpack a data set of small files
+# --------------------------------------------------------------------------- #
+def check_small_files_plan(plan: Callable[[Mapping[str, float], int], tuple[dict[str, float], str]],
+                           files_per_s: Mapping[str, float], n_files: int) -> None:
+    """``plan(files_per_s, n_files)`` -> (seconds per folder for ``n_files`` files, the folder to use)."""
+    seconds, choice = plan(files_per_s, n_files)
+    want = {k: n_files / v for k, v in files_per_s.items()}
+    if set(seconds) != set(want):
+        raise WrongAnswer(f"estimate every folder measured: {sorted(want)}; you gave {sorted(seconds)}")
+    for k in want:
+        if not _close(seconds[k], want[k], 0.01):
+            raise WrongAnswer(f"{k}: {n_files:,} files at {files_per_s[k]:,.0f} files/s take {want[k]:.2f} s, "
+                              f"not {seconds[k]:.2f}")
+    if choice != min(want, key=want.get):
+        raise WrongAnswer(f"{choice} is not where these files go fastest here: {min(want, key=want.get)}")
+    passed(f"{n_files:,} files: {choice} is the fastest folder measured here")
+
+
+# --------------------------------------------------------------------------- #
+# 04: a Slurm request, one task per GPU
+# --------------------------------------------------------------------------- #
+def sbatch_options(script: str | os.PathLike) -> dict[str, str]:
+    """The ``#SBATCH --key=value`` lines of a batch script."""
+    from pathlib import Path
+
+    options = {}
+    for line in Path(script).read_text().splitlines():
+        if line.startswith("#SBATCH --") and "=" in line:
+            key, value = line[len("#SBATCH "):].split("=", 1)
+            options[key] = value.split()[0]
+    return options
+
+
+def check_srun_request(request: Callable[[int, int, int], Mapping[str, int]],
+                       sites: Mapping[str, tuple[int, int, Mapping[str, str]]]) -> None:
+    """``request(nodes, gpus_per_node, cores_per_node)`` -> ``--nodes``, ``--ntasks-per-node`` and
+    ``--cpus-per-task`` for the srun pattern (a task per GPU), against each site's generated script:
+    ``sites[name] = (gpus_per_node, cores_per_node, that script's #SBATCH options)``."""
+    for site, (gpus, cores, options) in sites.items():
+        nodes = int(options["--nodes"])
+        got = {k: int(v) for k, v in request(nodes, gpus, cores).items()}
+        want = {k: int(options[k]) for k in ("--nodes", "--ntasks-per-node", "--cpus-per-task")}
+        if got != want:
+            wrong = {k: f"{got.get(k)} (the script: {v})" for k, v in want.items() if got.get(k) != v}
+            raise WrongAnswer(f"{site} ({gpus} GPUs and {cores} cores per node): {wrong}. One task per GPU, "
+                              "and each task gets its share of the node's cores for its DataLoader workers")
+    passed(f"your request matches the generated scripts of {', '.join(sites)}")
+
+
+# --------------------------------------------------------------------------- #
+# 05: what a failure costs between checkpoints
+# --------------------------------------------------------------------------- #
+def check_lost_seconds(lost: Callable[[float, float], float]) -> None:
+    """``lost(t_fail, every)``: seconds trained since the last checkpoint (written at every,
+    2 x every, ...) when the job dies ``t_fail`` seconds in; replayed on a checkpoint timeline."""
+    import random
+
+    rng = random.Random(1)
+    cases = [(30.0, 100.0), (100.0, 100.0), (250.0, 100.0), (0.5, 0.2)]
+    cases += [(rng.uniform(0, 10_000), rng.uniform(1, 1_000)) for _ in range(200)]
+    for t_fail, every in cases:
+        written = [k * every for k in range(1, int(t_fail // every) + 2) if k * every <= t_fail]
+        want = t_fail - (written[-1] if written else 0.0)
+        got = lost(t_fail, every)
+        if not abs(got - want) <= 1e-6 * max(1.0, t_fail):
+            raise WrongAnswer(f"a job checkpointing every {every:.1f} s that dies at {t_fail:.1f} s last saved at "
+                              f"{t_fail - want:.1f} s, so it loses {want:.1f} s, not {got:.1f}")
+    passed("the work since the last checkpoint is what a failure costs")
+
+
+__all__ = [
+    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_ring_bytes",
+    "check_small_files_plan", "check_srun_request", "check_strong_efficiency", "exercise", "sbatch_options",
+    "solutions_enabled",
+]

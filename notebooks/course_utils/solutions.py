@@ -1,0 +1,37 @@
+"""Reference solutions of the notebooks' exercises.
+
+The test suite runs them through the same checkers as a learner's answer
+(``COURSE_SOLUTIONS=1``). Try the exercise before you read on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def small_files_plan(files_per_s: Mapping[str, float], n_files: int) -> tuple[dict[str, float], str]:
+    seconds = {folder: n_files / rate for folder, rate in files_per_s.items()}
+    return seconds, min(seconds, key=seconds.get)
+
+
+def accumulation(global_batch: int, fits: int) -> tuple[int, int]:
+    accum = next(a for a in range(1, global_batch + 1) if global_batch % a == 0 and global_batch // a <= fits)
+    return global_batch // accum, accum
+
+
+def ring_bytes(nbytes: int, world: int) -> float:
+    # reduce-scatter and all-gather: N-1 steps each, one chunk of S/N per step
+    return 2 * (world - 1) * nbytes / world
+
+
+def strong_efficiency(rows: Sequence[Mapping[str, float]]) -> list[float]:
+    t1 = next(r["seconds"] for r in rows if r["world_size"] == 1)
+    return [t1 / (r["world_size"] * r["seconds"]) for r in rows]
+
+
+def lost_seconds(t_fail: float, every: float) -> float:
+    return t_fail % every  # the last checkpoint was written at floor(t_fail / every) * every
+
+
+def srun_request(nodes: int, gpus_per_node: int, cores_per_node: int) -> dict[str, int]:
+    return {"--nodes": nodes, "--ntasks-per-node": gpus_per_node, "--cpus-per-task": cores_per_node // gpus_per_node}

@@ -1,0 +1,120 @@
+"""Each notebook's checker accepts the reference solution and rejects wrong answers; a learner's
+unfilled cell stops with a message that says what to do, not the answer."""
+
+import pytest
+
+from course_utils import exercises, solutions
+from course_utils.exercises import ExerciseNotDone, WrongAnswer, exercise
+
+
+def test_an_unfilled_exercise_stops_with_what_to_do(monkeypatch):
+    monkeypatch.delenv("COURSE_SOLUTIONS", raising=False)
+
+    @exercise("ring_bytes")
+    def ring_bytes(nbytes, world):
+        raise NotImplementedError("return the bytes one rank sends")
+
+    with pytest.raises(ExerciseNotDone, match="Exercise 'ring_bytes' is yours to write: return the bytes"):
+        ring_bytes(8, 2)
+
+
+def test_the_solutions_knob_swaps_in_the_reference(monkeypatch):
+    monkeypatch.setenv("COURSE_SOLUTIONS", "1")
+
+    @exercise("ring_bytes")
+    def ring_bytes(nbytes, world):
+        raise NotImplementedError
+
+    assert ring_bytes is solutions.ring_bytes
+
+
+MEASURED_RING = [{"world": 2, "nbytes": 4096, "sent_per_rank": 4096.0},
+                 {"world": 3, "nbytes": 3000, "sent_per_rank": 4000.0}]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda s, n: 2 * s,                   # the limit, not the count
+    lambda s, n: (n - 1) / n * s,         # only the reduce-scatter half
+    lambda s, n: 2 * (n - 1) * s,         # whole buffers, not chunks
+])
+def test_ring_bytes_checker(wrong):
+    exercises.check_ring_bytes(solutions.ring_bytes, MEASURED_RING)
+    with pytest.raises(WrongAnswer):
+        exercises.check_ring_bytes(wrong, MEASURED_RING)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda g, f: (f, 1),                        # fits, but the global batch shrank
+    lambda g, f: (g, 1),                        # the global batch, but it does not fit
+    lambda g, f: (1, g),                        # right but needlessly slow
+])
+def test_accumulation_checker(wrong):
+    exercises.check_accumulation(solutions.accumulation, {"big batch": 8, "accumulated": 8})
+    with pytest.raises(WrongAnswer):
+        exercises.check_accumulation(wrong)
+    with pytest.raises(WrongAnswer, match="same number of updates"):
+        exercises.check_accumulation(solutions.accumulation, {"big batch": 8, "accumulated": 32})
+
+
+ROWS = [{"world_size": 1, "seconds": 10.0}, {"world_size": 2, "seconds": 6.0}, {"world_size": 4, "seconds": 4.0}]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda rows: [rows[0]["seconds"] / r["seconds"] for r in rows],       # the speed-up, not the efficiency
+    lambda rows: [1.0 for _ in rows],                                     # perfect by assumption
+    lambda rows: [r["seconds"] / rows[0]["seconds"] for r in rows],       # upside down
+])
+def test_strong_efficiency_checker(wrong):
+    exercises.check_strong_efficiency(solutions.strong_efficiency, ROWS)
+    with pytest.raises(WrongAnswer):
+        exercises.check_strong_efficiency(wrong, ROWS)
+
+
+RATES = {"cwd": 800.0, "$TMPDIR": 5000.0}
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda rates, n: ({k: n * v for k, v in rates.items()}, "$TMPDIR"),             # multiplied
+    lambda rates, n: ({k: n / v for k, v in rates.items()}, "cwd"),                 # the slowest folder
+    lambda rates, n: ({"cwd": n / rates["cwd"]}, "cwd"),                            # one folder only
+])
+def test_small_files_checker(wrong):
+    exercises.check_small_files_plan(solutions.small_files_plan, RATES, 50_000)
+    with pytest.raises(WrongAnswer):
+        exercises.check_small_files_plan(wrong, RATES, 50_000)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda t, every: every / 2,              # the average, not this failure
+    lambda t, every: every - t % every,      # the time to the next checkpoint
+    lambda t, every: t,                      # as if nothing had been saved
+])
+def test_lost_seconds_checker(wrong):
+    exercises.check_lost_seconds(solutions.lost_seconds)
+    with pytest.raises(WrongAnswer):
+        exercises.check_lost_seconds(wrong)
+
+
+def site_scripts():
+    import tomllib
+
+    from course_utils.paths import REPO_ROOT
+
+    sites = {}
+    for site in ("ft3", "frontera", "generic"):
+        conf = tomllib.loads((REPO_ROOT / "slurm" / "sites" / f"{site}.toml").read_text())
+        options = exercises.sbatch_options(REPO_ROOT / "slurm" / site / "multi_node_srun.sbatch")
+        sites[site] = (conf["gpus_per_node"], conf["cores_per_node"], options)
+    return sites
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda n, g, c: {"--nodes": n, "--ntasks-per-node": 1, "--cpus-per-task": c},        # torchrun's pattern
+    lambda n, g, c: {"--nodes": n, "--ntasks-per-node": g, "--cpus-per-task": c},        # every task the whole node
+    lambda n, g, c: {"--nodes": n * g, "--ntasks-per-node": 1, "--cpus-per-task": c // g},  # a node per GPU
+])
+def test_srun_request_checker(wrong):
+    sites = site_scripts()
+    exercises.check_srun_request(solutions.srun_request, sites)
+    with pytest.raises(WrongAnswer):
+        exercises.check_srun_request(wrong, sites)
