@@ -118,3 +118,22 @@ def test_srun_request_checker(wrong):
     exercises.check_srun_request(solutions.srun_request, sites)
     with pytest.raises(WrongAnswer):
         exercises.check_srun_request(wrong, sites)
+
+
+def test_a_learners_run_all_stops_at_the_exercise_with_what_to_do(monkeypatch, tmp_path):
+    """Notebook 00 (seconds to run) as a learner gets it: Run All, no solutions."""
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+
+    from course_utils.paths import REPO_ROOT
+
+    monkeypatch.setenv("COURSE_SOLUTIONS", "0")
+    monkeypatch.setenv("COURSE_PROFILE", "ci")
+    nb = nbformat.read(REPO_ROOT / "notebooks" / "00_environment.ipynb", as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as err:
+        client.execute()
+    assert err.value.ename == "ExerciseNotDone" and "is yours to write" in err.value.evalue
+    ran = [c for c in nb.cells if c.cell_type == "code" and c.get("execution_count")]
+    assert "check_small_files_plan(" in ran[-1].source, "it stops at the check, after every lesson cell ran"

@@ -19,6 +19,7 @@ Modules (import what you need)::
     launch      run scripts/ (alone or under torchrun) from a notebook
     results     the RESULT line a script ends with, and reading it back
     waiting     wait_until(): one way to wait with a deadline
+    exercises   the notebooks' exercises and their checkers; solutions: the reference answers
     paths       REPO_ROOT and the scripts folder
     storage     one large file vs many small files, per storage folder
     plots       the course's figures
