@@ -23,10 +23,14 @@ help:
 	@echo "make bench   run the single-device speed-up ladder (scripts/benchmark_single.py)"
 	@echo "make lock    regenerate constraints.txt from the installed environment"
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.json
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python >= 3.11 is needed (tomllib reads the config files; the pins were tested on 3.11); set PYTHON=/path/to/python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[lab,test]'
+	rm -rf notebooks/course_utils.egg-info  # left by an install before setup.cfg moved it to the root
+	# JupyterLab's defaults for this environment: no news prompt, no update check
+	mkdir -p $(VENV)/share/jupyter/lab/settings
+	cp envs/jupyterlab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 
 setup: $(STAMP)

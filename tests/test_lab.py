@@ -39,6 +39,10 @@ def test_make_lab_serves_the_notebooks():
         status, body = _get(f"{base}/api/contents/notebooks?token={token}")
         names = {item["name"] for item in json.loads(body)["content"]}
         assert {"00_environment.ipynb", "01_single_device_training.ipynb"} <= names
+        assert not [n for n in names if n.endswith(".egg-info")], f"build metadata among the notebooks: {names}"
+        status, body = _get(f"{base}/lab/api/settings/@jupyterlab/apputils-extension:notification?token={token}")
+        defaults = json.loads(body)["schema"]["properties"]
+        assert defaults["fetchNews"]["default"] == "false", "the first view is the course, not a news prompt"
         status, page = _get(f"{base}/lab?token={token}")
         assert status == 200 and "JupyterLab" in page
         status, body = _get(f"{base}/api/kernelspecs?token={token}")
