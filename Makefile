@@ -7,7 +7,7 @@ PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-# LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888" on a compute node
+# extra JupyterLab flags; on a compute node use scripts/lab_on_node.py instead (a free port, loopback only)
 LAB_ARGS ?=
 # Jupyter refuses to start as root unless told; containers and CI machines run as root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -181,3 +181,15 @@ def test_wait_until_returns_the_answer_or_raises_what_was_still_missing():
     assert 0.2 <= time.monotonic() - start < 5
     with pytest.raises(TimeoutError, match="nothing came"):
         wait_until(lambda: None, 0, "nothing came")
+
+
+def test_lab_on_a_compute_node_binds_loopback_on_a_free_port_and_prints_its_tunnel():
+    import re
+
+    run = run_script("lab_on_node.py", ["--dry-run", "--login", "ft3.cesga.es", "--user", "alice"],
+                     echo=False, timeout_s=60)
+    tunnel = re.search(r"ssh -N -L (\d+):127\.0\.0\.1:(\d+) -J alice@ft3\.cesga\.es alice@(\S+)", run.output)
+    assert tunnel and tunnel.group(1) == tunnel.group(2), run.output
+    command = next(line for line in run.lines if line.startswith("command: "))
+    assert f"--port={tunnel.group(1)}" in command and "--ip=127.0.0.1" in command
+    assert "token=''" not in command and "--ServerApp.token" not in command, "Jupyter's token stays on"
