@@ -10,7 +10,10 @@
 
 Compute is simulated with a fixed sleep per step so that only communication
 and waiting differ between the schemes; ``--straggler`` makes the last rank
-slower, as a busy node would be.
+slower, as a busy node would be. The schemes are compared on equal terms:
+gradients applied per second (the asynchronous server stops after as many
+gradients as the synchronous one applies, from whichever workers sent them),
+and the bytes the busiest rank sent and received, counted as they moved.
 
     torchrun --standalone --nproc-per-node=4 scripts/param_server.py --mib 16
 """
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils import dist as cdist
+from course_utils.collectives import ring_all_reduce
 from course_utils.results import emit_result
 
 
@@ -33,23 +37,29 @@ def compute(rank: int, world: int, ms: float, straggler: float) -> None:
     time.sleep(ms / 1000 * slow)
 
 
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def run_allreduce(params: torch.Tensor, steps: int, ms: float, straggler: float) -> dict:
+    """Every rank computes a gradient each step; the hand-written ring averages them (and counts its bytes)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    grad = torch.ones_like(params)
+    grad, sent = torch.ones_like(params), []
     dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
         compute(rank, world, ms, straggler)
-        dist.all_reduce(grad)
+        ring_all_reduce(grad, sent)
         grad /= world
         params -= 1e-3 * grad
-    elapsed = time.perf_counter() - start
-    return {"updates": steps, "seconds": elapsed, "staleness": 0.0}
+    # the ring receives exactly as much as it sends
+    return {"gradients": steps, "seconds": time.perf_counter() - start, "bytes": 2 * sum(sent), "staleness": 0.0}
 
 
 def run_sync_ps(params: torch.Tensor, steps: int, ms: float, straggler: float) -> dict:
+    """Each round, the server waits for every worker's gradient, averages, and sends the parameters back."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    buf = torch.empty_like(params)
+    buf, moved, gradients = torch.empty_like(params), 0, 0
     dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
@@ -61,43 +71,54 @@ def run_sync_ps(params: torch.Tensor, steps: int, ms: float, straggler: float) -
             params -= 1e-3 * total / (world - 1)
             for w in range(1, world):
                 dist.send(params, dst=w)
+            moved += 2 * (world - 1) * nbytes(params)
         else:
             compute(rank, world, ms, straggler)
             dist.send(torch.ones_like(params), dst=0)
             dist.recv(params, src=0)
-    elapsed = time.perf_counter() - start
-    return {"updates": steps, "seconds": elapsed, "staleness": 0.0}
+            moved += 2 * nbytes(params)
+            gradients += 1
+    return {"gradients": gradients, "seconds": time.perf_counter() - start, "bytes": moved, "staleness": 0.0}
 
 
 def run_async_ps(params: torch.Tensor, steps: int, ms: float, straggler: float) -> dict:
-    """Each message carries the parameter version it was computed from in its last element."""
+    """The server applies each gradient as it arrives until it has applied as many as the synchronous
+    server does, (world - 1) x steps, from whichever workers sent them; it then tells each worker to stop.
+    Each message carries the parameter version it was computed from in its last element (-1: stop)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     msg = torch.empty(params.numel() + 1, dtype=params.dtype)
     dist.barrier()
     start = time.perf_counter()
     if rank == 0:
-        version, stale = 0, []
-        remaining = {w: steps for w in range(1, world)}
-        while any(remaining.values()):
+        version, stale, moved, active = 0, [], 0, set(range(1, world))
+        while active:
             sender = dist.recv(msg)  # from whichever worker is ready first
-            stale.append(version - int(msg[-1].item()))
-            params -= 1e-3 * msg[:-1]
-            version += 1
-            remaining[sender] -= 1
-            msg[:-1], msg[-1] = params, version
+            moved += nbytes(msg)
+            if version < (world - 1) * steps:
+                stale.append(version - int(msg[-1].item()))
+                params -= 1e-3 * msg[:-1]
+                version += 1
+                if version == (world - 1) * steps:
+                    elapsed = time.perf_counter() - start
+                msg[:-1], msg[-1] = params, version
+            else:
+                msg[-1] = -1
+                active.discard(sender)
             dist.send(msg, dst=sender)
-        elapsed = time.perf_counter() - start
-        return {"updates": version, "seconds": elapsed, "staleness": sum(stale) / len(stale)}
-    version = 0
-    for _ in range(steps):
+            moved += nbytes(msg)
+        return {"gradients": 0, "seconds": elapsed, "bytes": moved, "staleness": sum(stale) / len(stale)}
+    version, gradients, moved = 0, 0, 0
+    while version >= 0:
         compute(rank, world, ms, straggler)
         msg[:-1], msg[-1] = 1.0, version
         dist.send(msg, dst=0)
         dist.recv(msg, src=0)
-        params.copy_(msg[:-1])
+        moved += 2 * nbytes(msg)
         version = int(msg[-1].item())
-    elapsed = time.perf_counter() - start
-    return {"updates": steps, "seconds": elapsed, "staleness": float("nan")}
+        if version >= 0:
+            params.copy_(msg[:-1])
+            gradients += 1
+    return {"gradients": gradients, "seconds": time.perf_counter() - start, "bytes": moved, "staleness": float("nan")}
 
 
 SCHEMES = {"allreduce": run_allreduce, "sync-ps": run_sync_ps, "async-ps": run_async_ps}
@@ -117,34 +138,32 @@ def main() -> int:
         n = info.world_size
         cdist.require_processes(3, "param_server.py", " (a server and two workers)")
         numel = int(args.mib * 2**20 / 4)
-        nbytes = numel * 4
         cdist.print0(f"{n} ranks; gradient {args.mib:g} MiB; compute {args.compute_ms:g} ms/step; "
                      f"straggler x{args.straggler:g}")
         results = {}
         for name in args.schemes:
             out = SCHEMES[name](torch.zeros(numel), args.steps, args.compute_ms, args.straggler)
-            gathered = [None] * n
+            gathered: list = [None] * n
             dist.all_gather_object(gathered, out)
             workers = gathered if name == "allreduce" else gathered[1:]
-            seconds = max(w["seconds"] for w in workers)
-            updates = args.steps if name != "async-ps" else gathered[0]["updates"]
-            # bytes through the busiest rank per round of updates
-            if name == "allreduce":
-                busiest = 2 * (n - 1) / n * nbytes
-            else:
-                busiest = 2 * (n - 1) * nbytes  # the server receives and sends one copy per worker
+            applied = sum(w["gradients"] for w in workers)
+            seconds = gathered[0]["seconds"] if name == "async-ps" else max(g["seconds"] for g in gathered)
+            rounds = applied / len(workers)  # a round: one gradient from every worker
             results[name] = {
-                "ms_per_step": 1e3 * seconds / args.steps,
-                "updates_per_s": updates / seconds,
-                "samples_per_s": (n if name == "allreduce" else n - 1) * args.steps / seconds,
-                "busiest_rank_mib_per_step": busiest / 2**20,
+                "seconds": seconds,
+                "gradients": applied,
+                "grads_per_s": applied / seconds,
+                "gradients_per_worker": [w["gradients"] for w in workers],
+                # counted, not computed: bytes sent and received by the busiest rank, per round
+                "busiest_rank_mib_per_round": max(g["bytes"] for g in gathered) / rounds / 2**20,
                 "mean_staleness": gathered[0]["staleness"],
             }
-        cdist.print0(f"\n{'scheme':10s} {'ms/step':>8s} {'updates/s':>10s} {'grads/s':>8s} "
-                     f"{'busiest rank MiB/round':>23s} {'staleness':>9s}")
+        cdist.print0(f"\n{'scheme':10s} {'gradients':>9s} {'seconds':>8s} {'grads/s':>8s} "
+                     f"{'busiest rank MiB/round':>23s} {'staleness':>9s}  gradients per worker")
         for name, r in results.items():
-            cdist.print0(f"{name:10s} {r['ms_per_step']:8.1f} {r['updates_per_s']:10.1f} {r['samples_per_s']:8.1f} "
-                         f"{r['busiest_rank_mib_per_step']:23.1f} {r['mean_staleness']:9.2f}")
+            cdist.print0(f"{name:10s} {r['gradients']:9d} {r['seconds']:8.2f} {r['grads_per_s']:8.1f} "
+                         f"{r['busiest_rank_mib_per_round']:23.1f} {r['mean_staleness']:9.2f}  "
+                         f"{r['gradients_per_worker']}")
         emit_result({"world_size": n, "mib": args.mib, "schemes": results})
         return 0
 

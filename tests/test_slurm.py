@@ -120,7 +120,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
         slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
     for job in jobs:
         slurm.wait_requeued(job)
-        slurm.release(job)  # a requeued job waits ~2 minutes before it may start again
+        slurm.release(job)  # a requeued job is held until a BeginTime some way off
     # the uninterrupted runs, while the requeued jobs finish
     references = {}
     for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):

@@ -95,7 +95,8 @@ def wait_requeued(job_id: int, timeout_s: float = 120) -> None:
 
 
 def release(job_id: int, delay_s: int = 3) -> None:
-    """Let a requeued job start in ``delay_s`` seconds, rather than after its ~2 minute BeginTime.
+    """Let a requeued job start in ``delay_s`` seconds, rather than at the later BeginTime Slurm
+    gave it (notebook 05 prints how far off that is).
 
     Not at once: when a job ends, slurmd revokes its credential with a time stamp
     of one-second resolution, and a new start of the same job allocated within

@@ -27,6 +27,19 @@ STORAGE_VARS = {
 }
 
 
+NODE_LOCAL = ("$TMPDIR",)
+"""Folders on the node's own disk: the full small-file test runs there."""
+
+SHARED_SMALL_FILES = 256
+"""At most this many small files on a shared file system: thirty learners each creating
+thousands of files at once is the metadata storm the centres' rules forbid."""
+
+
+def small_file_cap(target: str) -> int | None:
+    """How many small files the test may create in ``target`` (None: no cap, the node's own disk)."""
+    return None if target in NODE_LOCAL else SHARED_SMALL_FILES
+
+
 @dataclass
 class WriteResult:
     target: str
@@ -73,8 +86,10 @@ def measure_writes(
     total_mib: int = 64,
     small_kib: int = 16,
     fsync_options: tuple[bool, ...] = (False, True),
+    max_small_files: int | None = None,
 ) -> list[WriteResult]:
-    """Write ``total_mib`` as one file and as ``total_mib*1024/small_kib`` files.
+    """Write ``total_mib`` as one file and as ``total_mib*1024/small_kib`` files (at most
+    ``max_small_files`` of them: see :func:`small_file_cap`).
 
     Everything is written to a temporary sub-folder that is removed afterwards.
     Without ``fsync`` you mostly measure the page cache (memory); with it,
@@ -83,6 +98,8 @@ def measure_writes(
     folder = Path(folder)
     total = total_mib * 2**20
     n_small = max(1, total // (small_kib * 1024))
+    if max_small_files is not None:
+        n_small = min(n_small, max_small_files)
     results = []
     for fsync in fsync_options:
         for n_files, size, label in (
@@ -97,7 +114,7 @@ def measure_writes(
             results.append(
                 WriteResult(
                     name, str(folder), label, fsync, seconds,
-                    total / 2**20 / seconds, n_files / seconds,
+                    n_files * size / 2**20 / seconds, n_files / seconds,
                 )
             )
     return results
