@@ -25,6 +25,7 @@ def test_untimed_steps_are_not_counted_and_the_split_is_measured():
     assert meter.steps == 4 and meter.samples == 32
     assert meter.data_fraction == pytest.approx(0.25, abs=0.1)
     assert meter.images_per_s == pytest.approx(8 / 0.04, rel=0.3)
+    assert meter.untimed_s == pytest.approx(2 * 0.04, rel=0.3), "the untimed steps' own cost is kept too"
 
 
 def test_the_device_is_synchronised_twice_per_window_not_per_step(monkeypatch):

@@ -49,6 +49,7 @@ class RungResult:
     images_per_s: float = float("nan")
     speedup: float = float("nan")  # versus the fp32 baseline
     data_fraction: float = float("nan")
+    untimed_s: float = float("nan")  # the untimed first steps: where torch.compile and autotuning pay
     changes: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields changed from the textbook rung
 
 
@@ -138,7 +139,8 @@ def run_ladder(settings: LadderSettings, echo: Callable[[str], None] = print) ->
             best, best_ips = cfg, ips
         status = "kept" if kept else "dropped (slower here)"
         results.append(
-            RungResult(name, status, ips, ips / baseline, summary["data_fraction"], changes(cfg, textbook))
+            RungResult(name, status, ips, ips / baseline, summary["data_fraction"], summary["untimed_s"],
+                       changes(cfg, textbook))
         )
         data_pct = 100 * summary["data_fraction"]
         echo(f"{name:28s} {ips:10,.0f} img/s  x{ips / baseline:5.2f}  data {data_pct:3.0f}%  {status}")

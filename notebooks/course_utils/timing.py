@@ -42,7 +42,9 @@ class Throughput:
     steps: int = 0
     samples: int = 0
     data_time: float = 0.0
+    untimed_s: float = float("nan")  # wall time of the untimed steps: the price of compiling and autotuning
     _t_last: float = field(default=0.0, repr=False)
+    _t_start: float = field(default=0.0, repr=False)
     _t_open: float | None = field(default=None, repr=False)
     _t_close: float | None = field(default=None, repr=False)
     _seen: int = field(default=0, repr=False)
@@ -50,8 +52,10 @@ class Throughput:
     def _open(self) -> None:
         sync(self.device)
         self._t_open = time.perf_counter()
+        self.untimed_s = self._t_open - self._t_start
 
     def start(self) -> None:
+        self._t_start = time.perf_counter()
         if self.untimed_steps == 0:
             self._open()
         self._t_last = time.perf_counter()
@@ -100,4 +104,5 @@ class Throughput:
             "compute_s": self.compute_time,
             "data_fraction": self.data_fraction,
             "steps": float(self.steps),
+            "untimed_s": self.untimed_s,
         }
