@@ -49,6 +49,7 @@ class WriteResult:
     seconds: float
     mib_per_s: float
     files_per_s: float
+    op: str = "write"  # or "read": opening and reading the files back, as a data epoch does
 
 
 def storage_targets(include_cwd: bool = True) -> dict[str, Path]:
@@ -80,6 +81,26 @@ def _write_files(folder: Path, n_files: int, file_bytes: int, fsync: bool) -> fl
     return time.perf_counter() - start
 
 
+def _read_files(folder: Path, n_files: int) -> float:
+    """Open and read every file, as a data epoch does. Their pages are first dropped from
+    this node's cache (``POSIX_FADV_DONTNEED``; they were fsync'd, so they are clean), so the
+    bytes come from the storage; the metadata caches stay warm, which flatters small files."""
+    names = [folder / f"f{i:06d}.bin" for i in range(n_files)]
+    for name in names:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    start = time.perf_counter()
+    for name in names:
+        with open(name, "rb", buffering=0) as fh:
+            while fh.read(1 << 20):
+                pass
+    return time.perf_counter() - start
+
+
 def measure_writes(
     name: str,
     folder: str | Path,
@@ -87,11 +108,13 @@ def measure_writes(
     small_kib: int = 16,
     fsync_options: tuple[bool, ...] = (False, True),
     max_small_files: int | None = None,
+    read_back: bool = False,
 ) -> list[WriteResult]:
     """Write ``total_mib`` as one file and as ``total_mib*1024/small_kib`` files (at most
     ``max_small_files`` of them: see :func:`small_file_cap`).
 
-    Everything is written to a temporary sub-folder that is removed afterwards.
+    Everything is written to a temporary sub-folder that is removed afterwards. With
+    ``read_back``, the fsync'd files are also read back (``op="read"`` rows).
     Without ``fsync`` you mostly measure the page cache (memory); with it,
     the device or file system behind the folder.
     """
@@ -109,20 +132,21 @@ def measure_writes(
             work = Path(tempfile.mkdtemp(prefix=".course-io-", dir=folder))
             try:
                 seconds = _write_files(work, n_files, size, fsync)
+                read_s = _read_files(work, n_files) if read_back and fsync else None
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-            results.append(
-                WriteResult(
-                    name, str(folder), label, fsync, seconds,
-                    n_files * size / 2**20 / seconds, n_files / seconds,
-                )
-            )
+            mib = n_files * size / 2**20
+            results.append(WriteResult(name, str(folder), label, fsync, seconds, mib / seconds, n_files / seconds))
+            if read_s is not None:
+                results.append(WriteResult(name, str(folder), label, False, read_s, mib / read_s, n_files / read_s,
+                                           op="read"))
     return results
 
 
 def results_table(results: list[WriteResult]) -> str:
-    rows = [f"{'target':10s} {'pattern':18s} {'fsync':5s} {'MiB/s':>9s} {'files/s':>10s}"]
+    rows = [f"{'target':10s} {'op':5s} {'pattern':18s} {'fsync':5s} {'MiB/s':>9s} {'files/s':>10s}"]
     for r in results:
         files = f"{r.files_per_s:10,.0f}" if not r.pattern.startswith("1 x") else f"{'-':>10s}"
-        rows.append(f"{r.target:10s} {r.pattern:18s} {'yes' if r.fsync else 'no':5s} {r.mib_per_s:9.1f} {files}")
+        fsync = ("yes" if r.fsync else "no") if r.op == "write" else "-"
+        rows.append(f"{r.target:10s} {r.op:5s} {r.pattern:18s} {fsync:5s} {r.mib_per_s:9.1f} {files}")
     return "\n".join(rows)
