@@ -3,7 +3,7 @@ unfilled cell stops with a message that says what to do, not the answer."""
 
 import pytest
 
-from course_utils import exercises, solutions
+from course_utils import exercises, slurm, solutions
 from course_utils.exercises import ExerciseNotDone, WrongAnswer, exercise
 
 
@@ -95,26 +95,14 @@ def test_lost_seconds_checker(wrong):
         exercises.check_lost_seconds(wrong)
 
 
-def site_scripts():
-    import tomllib
-
-    from course_utils.paths import REPO_ROOT
-
-    sites = {}
-    for site in ("ft3", "frontera", "generic"):
-        conf = tomllib.loads((REPO_ROOT / "slurm" / "sites" / f"{site}.toml").read_text())
-        options = exercises.sbatch_options(REPO_ROOT / "slurm" / site / "multi_node_srun.sbatch")
-        sites[site] = (conf["gpus_per_node"], conf["cores_per_node"], options)
-    return sites
-
-
 @pytest.mark.parametrize("wrong", [
     lambda n, g, c: {"--nodes": n, "--ntasks-per-node": 1, "--cpus-per-task": c},        # torchrun's pattern
     lambda n, g, c: {"--nodes": n, "--ntasks-per-node": g, "--cpus-per-task": c},        # every task the whole node
     lambda n, g, c: {"--nodes": n * g, "--ntasks-per-node": 1, "--cpus-per-task": c // g},  # a node per GPU
 ])
 def test_srun_request_checker(wrong):
-    sites = site_scripts()
+    sites = slurm.site_scripts()
+    assert set(sites) == {"ft3", "frontera", "generic"}
     exercises.check_srun_request(solutions.srun_request, sites)
     with pytest.raises(WrongAnswer):
         exercises.check_srun_request(wrong, sites)

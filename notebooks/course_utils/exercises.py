@@ -155,18 +155,6 @@ def check_small_files_plan(plan: Callable[[Mapping[str, float], int], tuple[dict
 # --------------------------------------------------------------------------- #
 # 04: a Slurm request, one task per GPU
 # --------------------------------------------------------------------------- #
-def sbatch_options(script: str | os.PathLike) -> dict[str, str]:
-    """The ``#SBATCH --key=value`` lines of a batch script."""
-    from pathlib import Path
-
-    options = {}
-    for line in Path(script).read_text().splitlines():
-        if line.startswith("#SBATCH --") and "=" in line:
-            key, value = line[len("#SBATCH "):].split("=", 1)
-            options[key] = value.split()[0]
-    return options
-
-
 def check_srun_request(request: Callable[[int, int, int], Mapping[str, int]],
                        sites: Mapping[str, tuple[int, int, Mapping[str, str]]]) -> None:
     """``request(nodes, gpus_per_node, cores_per_node)`` -> ``--nodes``, ``--ntasks-per-node`` and
@@ -206,6 +194,5 @@ def check_lost_seconds(lost: Callable[[float, float], float]) -> None:
 
 __all__ = [
     "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_ring_bytes",
-    "check_small_files_plan", "check_srun_request", "check_strong_efficiency", "exercise", "sbatch_options",
-    "solutions_enabled",
+    "check_small_files_plan", "check_srun_request", "check_strong_efficiency", "exercise", "solutions_enabled",
 ]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import hardware
 from .config import TrainConfig, config_flags
-from .hardware import threads_per_rank
 from .launch import run_script
 from .results import parse_result
 
@@ -52,7 +52,7 @@ def optimised_args(on_gpu: bool, ranks_per_host: int) -> list[str]:
     On a CPU the workers would take cores from the ranks' own compute
     (notebook 01 measured it), so CPU runs load data in the main process.
     """
-    workers = min(8, max(1, threads_per_rank(ranks_per_host) - 1)) if on_gpu else 0
+    workers = min(8, max(1, hardware.threads_per_rank(ranks_per_host) - 1)) if on_gpu else 0
     return config_flags(TrainConfig(precision="amp", channels_last=True, workers=workers))
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 from .paths import REPO_ROOT
@@ -104,3 +105,24 @@ def release(job_id: int, delay_s: int = 3) -> None:
     exit 1:0, after one restart). The margin keeps the restart out of that second.
     """
     subprocess.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{delay_s}"], check=True)
+
+
+def sbatch_options(script: str | Path) -> dict[str, str]:
+    """The ``#SBATCH --key=value`` lines of a batch script."""
+    options = {}
+    for line in Path(script).read_text().splitlines():
+        if line.startswith("#SBATCH --") and "=" in line:
+            key, value = line[len("#SBATCH "):].split("=", 1)
+            options[key] = value.split()[0]
+    return options
+
+
+def site_scripts(pattern: str = "multi_node_srun") -> dict[str, tuple[int, int, dict[str, str]]]:
+    """Per site in ``slurm/sites/``: GPUs and cores per node, and the ``#SBATCH`` options of
+    the script ``slurm/generate.py`` wrote for ``pattern``."""
+    sites = {}
+    for conf_path in sorted((REPO_ROOT / "slurm" / "sites").glob("*.toml")):
+        conf = tomllib.loads(conf_path.read_text())
+        script = REPO_ROOT / "slurm" / conf_path.stem / f"{pattern}.sbatch"
+        sites[conf_path.stem] = (conf["gpus_per_node"], conf["cores_per_node"], sbatch_options(script))
+    return sites
