@@ -115,6 +115,15 @@ def environment_report() -> dict[str, Any]:
     return report
 
 
+def hardware_label(report: dict[str, Any], device_type: str, ranks: int = 1, backend: str | None = None) -> str:
+    """The label every measured number carries: what ran it, e.g. ``2 x NVIDIA H100 80GB HBM3, nccl``."""
+    if device_type == "cuda":
+        what = f"{ranks} x {report['gpus'][0]['name']}" if ranks > 1 else report["gpus"][0]["name"]
+    else:
+        what = f"CPU {report['cpu']} ({report['cores_usable']} cores)"
+    return f"{what}, {backend}" if backend else what
+
+
 def print_report(report: dict[str, Any] | None = None) -> dict[str, Any]:
     """Print :func:`environment_report` as a readable block; return it."""
     r = report or environment_report()
