@@ -29,6 +29,7 @@ from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import TrainConfig, add_config_args, config_from_args
 from course_utils.data import DatasetMissingError, get_datasets, make_loader
 from course_utils.devices import PlacementError
+from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters
 from course_utils.results import emit_result
 from course_utils.trainer import Trainer, history_table
@@ -90,16 +91,20 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     cdist.print0(f"all {info.world_size} ranks hold identical parameters: {agree}")
     last = history[-1] if history else None
     emit_result({
+        "trainer": "train.py",
         "world_size": info.world_size,
         "hosts": hosts,
         "ranks_agree": agree,
         "device": str(device),
         "lr": trainer.lr,
         "epochs": trainer.epoch,
+        "global_step": trainer.global_step,
         "stopped": trainer.stopped,
         "train_loss": [h.train_loss for h in history],
+        "val_loss": last.val_loss if last else None,
         "val_acc": last.val_acc if last else None,
         "images_per_s_per_rank": last.images_per_s if last else None,
+        "peak_memory_mib": peak_memory_mib(device),
         "seconds": time.perf_counter() - start,
     })
     return 0

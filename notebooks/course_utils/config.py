@@ -244,3 +244,14 @@ def resume_mismatch(saved: dict[str, Any], current: TrainConfig) -> list[str]:
     """
     return [f"{f.name} {saved[f.name]!r} -> {getattr(current, f.name)!r}" for f in fields(TrainConfig)
             if f.metadata.get("same_on_resume") and f.name in saved and saved[f.name] != getattr(current, f.name)]
+
+
+def unsupported(config: TrainConfig, script: str, ignored: set[str]) -> None:
+    """Raise ValueError naming the settings ``script`` does not implement that ``config`` changes.
+
+    A script that leaves a knob out says so rather than training without it.
+    """
+    asked = sorted(set(changes(config)) & ignored)
+    if asked:
+        flags = ", ".join(_flag(name) for name in asked)
+        raise ValueError(f"{script} does not implement {flags}: leave it out, or use scripts/train.py")

@@ -124,6 +124,16 @@ def hardware_label(report: dict[str, Any], device_type: str, ranks: int = 1, bac
     return f"{what}, {backend}" if backend else what
 
 
+def peak_memory_mib(device: torch.device | str) -> float:
+    """The peak memory this process used: the CUDA allocator's peak on a GPU, the peak resident set on a CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
 def print_report(report: dict[str, Any] | None = None) -> dict[str, Any]:
     """Print :func:`environment_report` as a readable block; return it."""
     r = report or environment_report()

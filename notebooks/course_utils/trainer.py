@@ -31,7 +31,8 @@ from .preemption import StopRequest
 from .rng import rng_state, set_rng_state
 from .timing import Throughput
 
-__all__ = ["EpochStats", "TrainConfig", "Trainer", "history_table", "linear_warmup", "scaled_lr"]
+__all__ = ["EpochStats", "TrainConfig", "Trainer", "config_lr", "evaluate", "history_table", "linear_warmup",
+           "make_sgd", "scaled_lr"]
 
 def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Ramp the learning rate from lr/steps to lr over ``steps`` optimiser steps, then hold it.
@@ -45,6 +46,38 @@ def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.l
 def scaled_lr(base_lr: float, world_size: int, grad_accum: int = 1) -> float:
     """Linear scaling rule: the global batch grew by world_size x grad_accum, so does the lr."""
     return base_lr * world_size * grad_accum
+
+
+def config_lr(cfg: TrainConfig, world_size: int) -> float:
+    """The learning rate a run uses: ``cfg.lr``, or scaled by the global batch with ``scale_lr``."""
+    return scaled_lr(cfg.lr, world_size, cfg.grad_accum) if cfg.scale_lr else cfg.lr
+
+
+def make_sgd(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.SGD:
+    """The course's optimiser, the same in every trainer (ours, Lightning's, Fabric's)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, precision: str = "fp32",
+             memory_format: torch.memory_format = torch.contiguous_format) -> tuple[float, float]:
+    """Mean loss and accuracy over ``loader``, summed over all ranks: one yardstick for every trainer."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, device=device, dtype=torch.float64)  # loss, correct, n
+    for x, y in loader:
+        x = x.to(device, non_blocking=True, memory_format=memory_format)
+        y = y.to(device, non_blocking=True)
+        with autocast(precision, device):
+            logits = model(x)
+        sums[0] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+        sums[1] += (logits.argmax(1) == y).sum()
+        sums[2] += y.numel()
+    if cdist.get_world_size() > 1:
+        torch.distributed.all_reduce(sums)
+    model.train(was_training)
+    n = max(sums[2].item(), 1)
+    return sums[0].item() / n, sums[1].item() / n
 
 
 @dataclass
@@ -89,15 +122,8 @@ class Trainer:
         self.model = self._wrap(self.raw_model)
 
         self.train_loader, self.val_loader = train_loader, val_loader
-        # the linear scaling rule, when asked for: the global batch grew, so does the rate
-        self.lr = scaled_lr(self.cfg.lr, cdist.get_world_size(), self.cfg.grad_accum) if self.cfg.scale_lr \
-            else self.cfg.lr
-        self.optimizer = optimizer or torch.optim.SGD(
-            self.raw_model.parameters(),
-            lr=self.lr,
-            momentum=self.cfg.momentum,
-            weight_decay=self.cfg.weight_decay,
-        )
+        self.lr = config_lr(self.cfg, cdist.get_world_size())
+        self.optimizer = optimizer or make_sgd(self.raw_model, self.cfg, self.lr)
         if scheduler is None and self.cfg.warmup_epochs > 0:
             scheduler = linear_warmup(self.optimizer, self._lr_warmup_steps())
         self.scheduler = scheduler
@@ -277,19 +303,7 @@ class Trainer:
         loader = loader or self.val_loader
         if loader is None:
             return float("nan"), float("nan")
-        self.model.eval()
-        sums = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss, correct, n
-        for x, y in loader:
-            x, y = self._to_device(x, y)
-            with self._autocast():
-                logits = self.model(x)
-            sums[0] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            sums[1] += (logits.argmax(1) == y).sum()
-            sums[2] += y.numel()
-        if cdist.get_world_size() > 1:
-            torch.distributed.all_reduce(sums)
-        n = max(sums[2].item(), 1)
-        return sums[0].item() / n, sums[1].item() / n
+        return evaluate(self.model, loader, self.device, self.precision, self.memory_format)
 
     def fit(self) -> list[EpochStats]:
         """Train until ``config.epochs``; resumes where a checkpoint left off."""

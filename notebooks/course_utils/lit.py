@@ -1,0 +1,250 @@
+"""The course's model, data and optimiser as Lightning pieces, and the launch checks Lightning leaves to you.
+
+:class:`CourseModule` trains any model of :func:`course_utils.models.build_model` with the
+optimiser, learning-rate rule and warm-up of :class:`course_utils.trainer.Trainer`.
+:class:`CourseDataModule` serves :func:`course_utils.data.make_loader`'s loaders: they already
+give each rank its slice in an order fixed by (seed, epoch), so Lightning keeps their sampler
+(it only swaps in a ``DistributedSampler`` for loaders without one) and Lightning, Fabric and
+``scripts/train.py`` see the same batches. :func:`plan_launch` reads the launcher's environment
+before Lightning starts and stops with one line where Lightning would hang or fail late.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
+from torch.utils.data import Dataset
+
+from .checkpoint import CheckpointError
+from .config import TrainConfig, resume_mismatch
+from .data import make_loader
+from .dist import DEFAULT_TIMEOUT_S
+from .precision import resolve_precision, set_tf32
+from .timing import Throughput
+from .trainer import config_lr, linear_warmup, make_sgd
+
+# the course's precision names -> Lightning's and Fabric's
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+
+class LaunchMismatch(ValueError):
+    """The launcher's layout and the Trainer's arguments disagree; the message says what to change."""
+
+
+class CourseModule(L.LightningModule):
+    """A course model, trained with the course's loss, optimiser and warm-up."""
+
+    def __init__(self, model: nn.Module, config: TrainConfig) -> None:
+        super().__init__()
+        self.model, self.cfg = model, config
+        self.save_hyperparameters({"config": dataclasses.asdict(config)})  # in every checkpoint, checked on resume
+        self.epoch_losses: list[float] = []  # this rank's mean training loss per epoch
+        self._loss_sum, self._steps = 0.0, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        self.log("train_loss", loss, prog_bar=True)  # rank 0's value; TensorBoard through the logger
+        self._loss_sum += loss.detach()
+        self._steps += 1
+        return loss  # Lightning calls backward, steps the optimiser and zeroes the gradients
+
+    def on_train_epoch_end(self) -> None:
+        self.epoch_losses.append(float(self._loss_sum / max(self._steps, 1)))
+        self._loss_sum, self._steps = 0.0, 0
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        logits = self.model(x)
+        self.log_dict({"val_loss": nn.functional.cross_entropy(logits, y),
+                       "val_acc": (logits.argmax(1) == y).float().mean()}, sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = make_sgd(self.model, self.cfg, config_lr(self.cfg, self.trainer.world_size))
+        if self.cfg.warmup_epochs <= 0:
+            return optimizer
+        steps_per_epoch = self.trainer.estimated_stepping_batches / self.cfg.epochs
+        steps = max(1, round(self.cfg.warmup_epochs * steps_per_epoch))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": linear_warmup(optimizer, steps),
+                                                         "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("hyper_parameters", {}).get("config", {})
+        mismatch = resume_mismatch(saved, self.cfg)
+        if mismatch:
+            raise CheckpointError(f"the checkpoint was written by another configuration ({'; '.join(mismatch)}): "
+                                  "resume with the same settings, or give another --ckpt-dir")
+
+
+class CourseDataModule(L.LightningDataModule):
+    """The course's loaders over data sets already made (the caller seeds and builds them)."""
+
+    def __init__(self, train_ds: Dataset, val_ds: Dataset, config: TrainConfig, pin_memory: bool = False) -> None:
+        super().__init__()
+        self.train_ds, self.val_ds, self.cfg, self.pin = train_ds, val_ds, config, pin_memory
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return make_loader(self.train_ds, self.cfg.batch_size, shuffle=True, workers=self.cfg.workers,
+                           pin_memory=self.pin, persistent_workers=self.cfg.workers > 0, drop_last=True,
+                           seed=self.cfg.seed)
+
+    def val_dataloader(self) -> torch.utils.data.DataLoader:
+        return make_loader(self.val_ds, 2 * self.cfg.batch_size, shuffle=False, workers=self.cfg.workers,
+                           pin_memory=self.pin, seed=self.cfg.seed)
+
+
+class ThroughputCallback(L.Callback):
+    """Images/s per rank over each epoch, with the course's :class:`Throughput` (the same window as ours)."""
+
+    def __init__(self, untimed_steps: int) -> None:
+        self.untimed_steps = untimed_steps
+        self.meter: Throughput | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.meter = Throughput(module.device, untimed_steps=self.untimed_steps)
+        self.meter.start()
+
+    def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, idx: int) -> None:
+        self.meter.data_ready()
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
+                           idx: int) -> None:
+        self.meter.step_done(len(batch[1]))
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.meter.stop()
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What the Lightning or Fabric launcher gets: the accelerator and the layout of ranks."""
+
+    accelerator: str  # "gpu" or "cpu"
+    devices: int  # ranks per node
+    num_nodes: int
+    launcher: str  # slurm | torchrun | none (Lightning starts the processes itself)
+    note: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+def _slurm_int(value: str) -> int:
+    return int(re.match(r"\d+", value).group())  # "2(x2)" -> 2: Slurm's compressed per-node counts
+
+
+def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_visible: int | None = None,
+                env: Mapping[str, str] | None = None) -> LaunchPlan:
+    """Check ``--devices``/``--num-nodes`` against the launcher and choose the accelerator.
+
+    Under ``srun`` Lightning takes the ranks from Slurm and skips its own check of
+    ``devices``/``num_nodes``; a plain ``python`` in a multi-task batch script leaves
+    Lightning waiting for ranks that never start. Each case is one :class:`LaunchMismatch`.
+    """
+    env = os.environ if env is None else env
+    gpus = torch.cuda.device_count() if gpus_visible is None else gpus_visible
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        launcher = "slurm"
+        if _slurm_int(env["SLURM_NTASKS"]) > 1 and "SLURM_STEP_NUM_TASKS" not in env:
+            raise LaunchMismatch("this job has several tasks but the script was not started by srun, so Lightning "
+                              "would wait for ranks that never start: run it as `srun python scripts/...`")
+        if "SLURM_NTASKS_PER_NODE" not in env and _slurm_int(env["SLURM_NTASKS"]) > 1:
+            raise LaunchMismatch("Lightning needs the tasks per node: request --ntasks-per-node=N (with --nodes), "
+                              "not --ntasks")
+        per_node, nodes = _slurm_int(env.get("SLURM_NTASKS_PER_NODE", "1")), _slurm_int(env.get("SLURM_NNODES", "1"))
+        where = f"the job runs --ntasks-per-node={per_node} on --nodes={nodes}"
+    elif "LOCAL_WORLD_SIZE" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun"
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+        nodes = max(1, int(env["WORLD_SIZE"]) // per_node)
+        where = f"torchrun started {per_node} process(es) per node on {nodes} node(s)"
+    else:
+        launcher, per_node, nodes, where = "none", devices or 1, num_nodes or 1, ""
+    if devices is not None and devices != per_node:
+        raise LaunchMismatch(f"--devices {devices} but {where}: pass --devices {per_node}, or leave it out "
+                          "(the script reads it from the launcher)")
+    if num_nodes is not None and num_nodes != nodes:
+        raise LaunchMismatch(f"--num-nodes {num_nodes} but {where}: pass --num-nodes {nodes}, or leave it out")
+
+    if device == "cpu":
+        return LaunchPlan("cpu", per_node, nodes, launcher)
+    # each rank drives the GPU of its local rank, so every rank must see all of its node's GPUs
+    if gpus >= per_node and gpus > 0:
+        return LaunchPlan("gpu", per_node, nodes, launcher)
+    if "SLURM_GPUS_PER_TASK" in env and per_node > 1:
+        raise LaunchMismatch("--gpus-per-task gives each task only its own GPU, and Lightning puts rank r of a node "
+                          f"on GPU r: request --gpus-per-node={per_node} (or --gres=gpu:{per_node}) with "
+                          f"--ntasks-per-node={per_node} instead")
+    if device == "cuda":
+        raise LaunchMismatch(f"{per_node} rank(s) per node but {gpus} GPU(s) visible: NCCL drives one GPU per rank; "
+                          f"start at most {gpus} rank(s) per node, or use --device auto to run on the CPU")
+    note = "" if gpus == 0 else (f"{per_node} ranks per node but only {gpus} GPU(s): every rank runs on the CPU "
+                                 "with gloo (NCCL never puts two ranks on one GPU)")
+    return LaunchPlan("cpu", per_node, nodes, launcher, note)
+
+
+def quiet_lightning() -> None:
+    """Silence Lightning's tips that do not apply to the course's runs (the checks above replace them)."""
+    import logging
+    import warnings
+
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    for tip in ("does not have many workers", "log_every_n_steps", "The `srun` command is available",
+                "treespec, LeafSpec"):  # srun: plan_launch checks how the script was started
+        warnings.filterwarnings("ignore", message=f".*{tip}")
+
+
+def latest_checkpoint(folder: str | Path | None) -> str | None:
+    """The newest of ``last.ckpt`` and the checkpoints Lightning writes on Slurm's warning signal."""
+    if not folder:
+        return None
+    found = [p for p in [Path(folder) / "last.ckpt", *Path(folder).glob("hpc_ckpt_*.ckpt")] if p.is_file()]
+    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+
+
+def make_trainer(config: TrainConfig, plan: LaunchPlan, **overrides: Any) -> L.Trainer:
+    """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout, TensorBoard, checkpoints, requeue."""
+    device = torch.device("cuda" if plan.accelerator == "gpu" else "cpu")
+    precision = resolve_precision(config.precision, device)
+    set_tf32(config.tf32)
+    strategy: Any = "auto"
+    if plan.world_size > 1:
+        timeout_s = float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))  # as cdist.init_distributed
+        strategy = DDPStrategy(timeout=timedelta(seconds=timeout_s), bucket_cap_mb=config.bucket_cap_mb,
+                               gradient_as_bucket_view=config.grad_as_bucket_view)
+    callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
+    if config.ckpt_dir:  # last.ckpt each epoch (and every N steps); Lightning writes from rank 0 only
+        callbacks.append(ModelCheckpoint(dirpath=config.ckpt_dir, save_last=True, save_top_k=0,
+                                         every_n_train_steps=config.ckpt_every_steps))
+    plugins = []
+    if plan.launcher == "slurm":  # on the warning signal: save hpc_ckpt_N.ckpt, then scontrol requeue
+        plugins.append(SLURMEnvironment(auto_requeue=True))
+    kwargs: dict[str, Any] = dict(
+        accelerator=plan.accelerator, devices=plan.devices, num_nodes=plan.num_nodes, strategy=strategy,
+        precision=LIGHTNING_PRECISION[precision], max_epochs=config.epochs,
+        limit_train_batches=config.steps_per_epoch or 1.0, accumulate_grad_batches=config.grad_accum,
+        benchmark=config.cudnn_benchmark, log_every_n_steps=config.log_every,
+        logger=TensorBoardLogger(config.log_dir, name="", version="") if config.log_dir else False,
+        enable_checkpointing=bool(config.ckpt_dir), default_root_dir=config.ckpt_dir or None,
+        enable_progress_bar=config.progress, enable_model_summary=False, callbacks=callbacks, plugins=plugins,
+    )
+    kwargs.update(overrides)
+    return L.Trainer(**kwargs)

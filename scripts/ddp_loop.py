@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Notebook 03's DDP training loop written out by hand: what train.py's Trainer does, on one screen.
+
+Notebook 06 turns it into train_fabric.py with the smallest diff. The flags are train.py's;
+those this loop leaves out stop it with one line. With --ckpt-dir it writes loop.pt each
+epoch (resuming is train.py's and train_lightning.py's).
+
+    torchrun --standalone --nproc-per-node=2 scripts/ddp_loop.py --epochs 2
+"""
+
+import argparse
+import gc
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_utils.config import add_config_args, config_from_args, unsupported
+from course_utils.data import get_datasets, make_loader, set_epoch
+from course_utils.dist import ranks_agree
+from course_utils.hardware import peak_memory_mib
+from course_utils.models import build_model
+from course_utils.precision import autocast, resolve_precision
+from course_utils.results import emit_result
+from course_utils.timing import Throughput
+from course_utils.trainer import config_lr, evaluate, make_sgd
+
+LEFT_OUT = {"grad_accum", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
+            "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
+parser = argparse.ArgumentParser(description=__doc__)
+add_config_args(parser)
+cfg = config_from_args(parser.parse_args())
+try:
+    unsupported(cfg, Path(__file__).name, LEFT_OUT)
+except ValueError as exc:
+    sys.exit(f"error: {exc}")
+
+local_rank, world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+use_gpu = cfg.device != "cpu" and torch.cuda.device_count() > local_rank  # one GPU per rank, else the CPU
+device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
+if world > 1:
+    dist.init_process_group("nccl" if use_gpu else "gloo")  # RANK, MASTER_ADDR, ... from torchrun
+rank = dist.get_rank() if world > 1 else 0
+precision = resolve_precision(cfg.precision, device)
+scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
+
+torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
+model = build_model(cfg.model, meta.channels, meta.num_classes).to(device)
+if world > 1:
+    model = DDP(model, device_ids=[local_rank] if use_gpu else None)
+optimizer = make_sgd(model, cfg, config_lr(cfg, world))
+loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
+                     pin_memory=use_gpu and cfg.pin_memory, drop_last=True, seed=cfg.seed)  # each rank its slice
+val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
+
+losses, step = [], 0
+for epoch in range(cfg.epochs):
+    set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
+    model.train()
+    meter, total, count = Throughput(device, untimed_steps=cfg.untimed_steps), 0.0, 0
+    meter.start()
+    for i, (x, y) in enumerate(loader):
+        if i == cfg.steps_per_epoch:
+            break
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        meter.data_ready()
+        with autocast(precision, device):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()  # DDP all-reduces the gradients during backward
+        scaler.step(optimizer)
+        scaler.update()
+        meter.step_done(len(y))
+        total, count, step = total + loss.item(), count + 1, step + 1
+    meter.stop()
+    losses.append(total / max(count, 1))
+    if rank == 0:
+        print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
+    if cfg.ckpt_dir and rank == 0:  # one writer
+        state = {"model": (model.module if world > 1 else model).state_dict(), "epoch": epoch + 1}
+        torch.save(state, Path(cfg.ckpt_dir) / "loop.pt")
+
+val_loss, val_acc = evaluate(model, val_loader, device, precision)
+emit_result({"trainer": Path(__file__).name, "world_size": world, "ranks_agree": ranks_agree(model),
+             "device": str(device), "epochs": cfg.epochs, "global_step": step, "train_loss": losses,
+             "val_loss": val_loss, "val_acc": val_acc, "images_per_s_per_rank": meter.images_per_s,
+             "peak_memory_mib": peak_memory_mib(device)})
+if world > 1:  # DDP holds the group in reference cycles: free it before the interpreter exits
+    dist.barrier()
+    del model, optimizer
+    gc.collect()
+    dist.destroy_process_group()

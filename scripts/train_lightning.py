@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""The course's training run with PyTorch Lightning: the same model, data, optimiser and flags as train.py.
+
+    python scripts/train_lightning.py --epochs 2                     # laptop, one device
+    torchrun --standalone --nproc-per-node=2 scripts/train_lightning.py
+    srun python scripts/train_lightning.py                           # Slurm: one task per GPU
+
+``--devices`` and ``--num-nodes`` default to what the launcher started; given, they
+must match it (checked before Lightning starts, in one line). Under Slurm, the
+warning signal (``#SBATCH --signal=USR1@90``) makes Lightning save
+``hpc_ckpt_N.ckpt`` in ``--ckpt-dir`` and requeue the job, which resumes from the
+newest checkpoint there. The last line printed is ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from course_utils import dist as cdist
+from course_utils.checkpoint import CheckpointError, ensure_writable_dir
+from course_utils.config import add_config_args, config_from_args, unsupported
+from course_utils.data import DatasetMissingError, get_datasets
+from course_utils.hardware import peak_memory_mib
+from course_utils.lit import (
+    CourseDataModule,
+    CourseModule,
+    latest_checkpoint,
+    make_trainer,
+    plan_launch,
+    quiet_lightning,
+)
+from course_utils.models import build_model
+from course_utils.precision import resolve_precision
+from course_utils.results import emit_result
+from course_utils.trainer import evaluate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p)
+    p.add_argument("--devices", type=int, help="ranks per node (default: what the launcher started)")
+    p.add_argument("--num-nodes", type=int, help="nodes (default: what the launcher started)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        unsupported(cfg, "train_lightning.py", {"channels_last", "compile"})
+        plan = plan_launch(cfg.device, args.devices, args.num_nodes)
+        for folder, what in ((cfg.ckpt_dir, "checkpoint folder"), (cfg.log_dir, "log folder")):
+            if folder:
+                ensure_writable_dir(folder, what)
+        torch.manual_seed(cfg.seed)  # the same order as train.py: the same data and initial weights
+        train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
+    except (ValueError, PermissionError, DatasetMissingError) as exc:  # LaunchMismatch is a ValueError
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    if plan.note:
+        cdist.print0(f"note: {plan.note}")
+    quiet_lightning()
+    model = build_model(cfg.model, meta.channels, meta.num_classes)
+    module = CourseModule(model, cfg)
+    data = CourseDataModule(train_ds, val_ds, cfg, pin_memory=cfg.pin_memory and plan.accelerator == "gpu")
+    trainer = make_trainer(cfg, plan)
+    resume = latest_checkpoint(cfg.ckpt_dir) if cfg.resume else None
+    start = time.perf_counter()
+    try:
+        trainer.fit(module, data, ckpt_path=resume)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    seconds = time.perf_counter() - start
+    if resume:
+        cdist.print0(f"resumed from {resume}")
+    precision = resolve_precision(cfg.precision, module.device)
+    val_loss, val_acc = evaluate(module.model, data.val_dataloader(), module.device, precision)
+    meter = trainer.callbacks[0].meter  # the ThroughputCallback, first in make_trainer's list
+    emit_result({
+        "trainer": "lightning",
+        "world_size": trainer.world_size,
+        "launcher": plan.launcher,
+        "device": str(module.device),
+        "ranks_agree": cdist.ranks_agree(module.model),
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "resumed_from": resume,
+        "train_loss": module.epoch_losses,
+        "val_loss": val_loss,
+        "val_acc": val_acc,
+        "images_per_s_per_rank": meter.images_per_s if meter else None,
+        "peak_memory_mib": peak_memory_mib(module.device),
+        "seconds": seconds,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
