@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     data = CourseDataModule(train_ds, val_ds, cfg, pin_memory=cfg.pin_memory and plan.accelerator == "gpu")
     trainer = make_trainer(cfg, plan)
     resume = latest_checkpoint(cfg.ckpt_dir) if cfg.resume else None
+    if resume and cdist.detect_env().rank == 0:  # before Lightning joins the ranks: ask the launcher
+        print(f"resuming from {resume}", flush=True)
     start = time.perf_counter()
     try:
         trainer.fit(module, data, ckpt_path=resume)
@@ -76,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     seconds = time.perf_counter() - start
-    if resume:
-        cdist.print0(f"resumed from {resume}")
     precision = resolve_precision(cfg.precision, module.device)
     val_loss, val_acc = evaluate(module.model, data.val_dataloader(), module.device, precision)
     meter = trainer.callbacks[0].meter  # the ThroughputCallback, first in make_trainer's list
@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "trainer": "lightning",
         "world_size": trainer.world_size,
         "launcher": plan.launcher,
+        "hosts": cdist.ranks_per_host(),
         "device": str(module.device),
         "ranks_agree": cdist.ranks_agree(module.model),
         "epochs": trainer.current_epoch,

@@ -122,6 +122,8 @@ class ThroughputCallback(L.Callback):
         self.meter.start()
 
     def on_train_batch_start(self, trainer: L.Trainer, module: L.LightningModule, batch: Any, idx: int) -> None:
+        if self.meter is None:  # resumed mid-epoch: Lightning does not start the epoch again
+            self.on_train_epoch_start(trainer, module)
         self.meter.data_ready()
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
@@ -208,7 +210,7 @@ def quiet_lightning() -> None:
 
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
     for tip in ("does not have many workers", "log_every_n_steps", "The `srun` command is available",
-                "treespec, LeafSpec"):  # srun: plan_launch checks how the script was started
+                "treespec, LeafSpec", "exists and is not empty"):  # srun: plan_launch checks how the script was started
         warnings.filterwarnings("ignore", message=f".*{tip}")
 
 
@@ -231,9 +233,11 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan, **overrides: Any) -> L.T
         strategy = DDPStrategy(timeout=timedelta(seconds=timeout_s), bucket_cap_mb=config.bucket_cap_mb,
                                gradient_as_bucket_view=config.grad_as_bucket_view)
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
-    if config.ckpt_dir:  # last.ckpt each epoch (and every N steps); Lightning writes from rank 0 only
-        callbacks.append(ModelCheckpoint(dirpath=config.ckpt_dir, save_last=True, save_top_k=0,
-                                         every_n_train_steps=config.ckpt_every_steps))
+    if config.ckpt_dir:
+        # last.ckpt each epoch (and every N steps), from rank 0, replacing the one before. Not
+        # save_last=True with save_top_k=0: Lightning 2.6 then writes last.ckpt only when training ends.
+        callbacks.append(ModelCheckpoint(dirpath=config.ckpt_dir, filename="last", save_top_k=1,
+                                         enable_version_counter=False, every_n_train_steps=config.ckpt_every_steps))
     plugins = []
     if plan.launcher == "slurm":  # on the warning signal: save hpc_ckpt_N.ckpt, then scontrol requeue
         plugins.append(SLURMEnvironment(auto_requeue=True))

@@ -62,12 +62,12 @@ course_rendezvous() {
     echo "job $SLURM_JOB_ID on ${SLURM_JOB_NUM_NODES:-1} node(s): $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
 }
 
-# The course's train.py writes checkpoints and TensorBoard logs where it is told; any other
-# script gets only TRAIN_ARGS (and may read RUN_DIR from the environment).
+# The course's train.py and train_lightning.py write checkpoints and TensorBoard logs where they
+# are told; any other script gets only TRAIN_ARGS (and may read RUN_DIR from the environment).
 # shellcheck disable=SC2034  # COURSE_ARGV is used by the scripts that source this file
 course_flags() {
     COURSE_ARGV=()
-    if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" ]]; then
+    if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_lightning.py" ]]; then
         COURSE_ARGV=(--ckpt-dir "$1/ckpt" --log-dir "$1/tb" --no-progress)
     fi
 }
