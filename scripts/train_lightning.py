@@ -6,10 +6,11 @@
     srun python scripts/train_lightning.py                           # Slurm: one task per GPU
 
 ``--devices`` and ``--num-nodes`` default to what the launcher started; given, they
-must match it (checked before Lightning starts, in one line). Under Slurm, the
-warning signal (``#SBATCH --signal=USR1@90``) makes Lightning save
-``hpc_ckpt_N.ckpt`` in ``--ckpt-dir`` and requeue the job, which resumes from the
-newest checkpoint there. The last line printed is ``RESULT {json}``.
+must match it (checked before Lightning starts, in one line). SIGUSR1 (Slurm's
+warning before the time limit) makes every rank stop at the same step after
+Lightning writes ``last.ckpt`` in ``--ckpt-dir``; a run started again resumes from
+it (slurm/*/multi_node_lightning.sbatch requeues the job). The last line printed
+is ``RESULT {json}``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from course_utils.hardware import peak_memory_mib
 from course_utils.lit import (
     CourseDataModule,
     CourseModule,
+    StopOnSignal,
+    StopTraining,
     latest_checkpoint,
     make_trainer,
     plan_launch,
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except StopTraining as stop:  # Slurm's warning: last.ckpt is written, the batch script requeues
+        cdist.print0(f"{stop}; {cfg.ckpt_dir or 'no --ckpt-dir'}/last.ckpt written")
     seconds = time.perf_counter() - start
     precision = resolve_precision(cfg.precision, module.device)
     val_loss, val_acc = evaluate(module.model, data.val_dataloader(), module.device, precision)
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "resumed_from": resume,
+        "stopped": next(c.stopped for c in trainer.callbacks if isinstance(c, StopOnSignal)),
         "train_loss": module.epoch_losses,
         "val_loss": val_loss,
         "val_acc": val_acc,

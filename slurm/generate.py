@@ -73,8 +73,8 @@ def sbatch_lines(site_name: str, site: dict, pattern: str) -> str:
     if pattern == "sweep_array":
         tasks = math.ceil(SWEEP_TRIALS / trials_per_task(site))
         lines += [f"--time={TIME}", f"--array=0-{tasks - 1}", "--output=logs/%x-%A_%a.out"]
-    elif pattern == "multi_node_lightning":  # Lightning's own handler, in the tasks: no "B:"
-        lines += ["--time=02:00:00", "--output=logs/%x-%j.out", "--signal=USR1@90", "--requeue",
+    elif pattern == "multi_node_lightning":
+        lines += ["--time=02:00:00", "--output=logs/%x-%j.out", "--signal=B:USR1@90", "--requeue",
                   "--open-mode=append"]
     elif pattern == "requeue":
         lines += ["--time=02:00:00", "--output=logs/%x-%j.out", "--signal=B:USR1@120", "--requeue",

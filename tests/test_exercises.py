@@ -1,6 +1,8 @@
 """Each notebook's checker accepts the reference solution and rejects wrong answers; a learner's
 unfilled cell stops with a message that says what to do, not the answer."""
 
+import math
+
 import pytest
 
 from course_utils import exercises, slurm, solutions
@@ -125,3 +127,20 @@ def test_a_learners_run_all_stops_at_the_exercise_with_what_to_do(monkeypatch, t
     assert err.value.ename == "ExerciseNotDone" and "is yours to write" in err.value.evalue
     ran = [c for c in nb.cells if c.cell_type == "code" and c.get("execution_count")]
     assert "check_small_files_plan(" in ran[-1].source, "it stops at the check, after every lesson cell ran"
+
+
+MEASURED_STEPS = [{"n_train": 1040, "batch_size": 32, "world_size": 2, "grad_accum": 3, "epochs": 1, "global_step": 6},
+                  {"n_train": 1024, "batch_size": 32, "world_size": 2, "grad_accum": 1, "epochs": 2,
+                   "global_step": 32}]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda n, b, w, a: n // w // b // a,                            # the last, short accumulation forgotten
+    lambda n, b, w, a: math.ceil(n // b / a),                       # every rank sees all the data
+    lambda n, b, w, a: math.ceil(math.ceil(math.ceil(n / w) / b) / a),  # partial batches kept
+    lambda n, b, w, a: n // w // b,                                 # accumulation ignored
+])
+def test_optimizer_steps_checker(wrong):
+    exercises.check_optimizer_steps(solutions.optimizer_steps, MEASURED_STEPS)
+    with pytest.raises(WrongAnswer):
+        exercises.check_optimizer_steps(wrong, MEASURED_STEPS)

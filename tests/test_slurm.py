@@ -145,6 +145,34 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
 
 
 @needs_cluster
+def test_a_lightning_job_requeued_on_the_signal_resumes_from_its_checkpoint(cluster, tmp_path):
+    """The Lightning pattern: the warning signal reaches the batch shell, which passes it to the
+    tasks; they agree on a step, write last.ckpt and stop; the job requeues, and the next start
+    resumes mid-epoch and finishes every step."""
+    epochs, steps_per_epoch = 6, 4096 // 4 // 16  # 2 nodes x 2 ranks, batch 16
+    args = f"--model cnn --epochs {epochs} --n-train 4096 --n-val 64 --batch-size 16 --workers 0"
+    job = slurm.sbatch(REPO_ROOT / "slurm" / "generic" / "multi_node_lightning.sbatch",
+                       env={"TRAIN_ARGS": args, "COURSE_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"})
+    ckpt = tmp_path / f"generic-multi-node-lightning-{job}" / "ckpt" / "last.ckpt"
+    wait_until(ckpt.exists, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
+               interval_s=0.2)
+    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@90 does before the time limit
+    slurm.wait_requeued(job)
+    slurm.release(job)
+    records = slurm.wait([job], timeout_s=600)
+    record, report = records[job][0], cluster.job_report(job, records[job])
+    assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
+    first, second = Path(record["StdOut"]).read_text().split("start number 2")
+    assert "stopped on request (SIGUSR1) after step" in first and "requeueing job" in first, report
+    stopped_at = int(first.split("stopped on request (SIGUSR1) after step ")[1].split(";")[0])
+    assert steps_per_epoch <= stopped_at < epochs * steps_per_epoch, report
+    assert f"resuming from {ckpt}" in second, report
+    result = results_in_log(record["StdOut"])[-1]
+    assert result["epochs"] == epochs and not result["stopped"], result
+    assert result["global_step"] == epochs * steps_per_epoch, "the resumed job finished every step, no more"
+
+
+@needs_cluster
 def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
     script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
     args = "--model cnn --epochs 2 --n-train 512 --n-val 64 --batch-size 16 --workers 0"

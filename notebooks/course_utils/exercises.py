@@ -192,7 +192,39 @@ def check_lost_seconds(lost: Callable[[float, float], float]) -> None:
     passed("the work since the last checkpoint is what a failure costs")
 
 
+# --------------------------------------------------------------------------- #
+# 06: the optimiser steps Lightning takes in an epoch
+# --------------------------------------------------------------------------- #
+STEP_CASES = ((1000, 32, 3, 4), (4096, 16, 4, 3), (2000, 48, 2, 5), (50_000, 128, 8, 1))
+
+
+def _steps_per_epoch(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
+    batches = (n_train // world_size) // batch_size  # the sampler's slice per rank, then whole batches only
+    return -(-batches // grad_accum)  # Lightning also steps on the last, partial accumulation
+
+
+def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: Sequence[Mapping[str, int]]) -> None:
+    """``steps(n_train, batch_size, world_size, grad_accum)``: optimiser steps in one epoch, against
+    the ``global_step`` of the runs measured (rows of those four, ``epochs`` and ``global_step``),
+    then against layouts not run here."""
+    for row in measured:
+        got = steps(row["n_train"], row["batch_size"], row["world_size"], row["grad_accum"]) * row["epochs"]
+        if got != row["global_step"]:
+            raise WrongAnswer(f"{row['n_train']} images, batch {row['batch_size']} per rank, {row['world_size']} "
+                              f"rank(s), grad-accum {row['grad_accum']}, {row['epochs']} epoch(s): you say {got} "
+                              f"optimiser steps, Lightning took {row['global_step']}")
+    for case in STEP_CASES:
+        got, want = steps(*case), _steps_per_epoch(*case)
+        if got != want:
+            raise WrongAnswer("right for the runs here, but for {} images, batch {}, {} ranks, grad-accum {}: {} "
+                              "steps, not {}. Each rank gets n/world images (the remainder dropped), keeps whole "
+                              "batches only (drop_last), and the last, partial accumulation still steps"
+                              .format(*case, want, got))
+    passed("one epoch: whole batches of each rank's slice, one step per grad-accum of them, the last one included")
+
+
 __all__ = [
-    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_ring_bytes",
-    "check_small_files_plan", "check_srun_request", "check_strong_efficiency", "exercise", "solutions_enabled",
+    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_optimizer_steps",
+    "check_ring_bytes", "check_small_files_plan", "check_srun_request", "check_strong_efficiency", "exercise",
+    "solutions_enabled",
 ]

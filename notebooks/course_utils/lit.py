@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,6 +35,7 @@ from .config import TrainConfig, resume_mismatch
 from .data import make_loader
 from .dist import DEFAULT_TIMEOUT_S
 from .precision import resolve_precision, set_tf32
+from .preemption import StopRequest
 from .timing import Throughput
 from .trainer import config_lr, linear_warmup, make_sgd
 
@@ -69,6 +71,8 @@ class CourseModule(L.LightningModule):
     def on_train_epoch_end(self) -> None:
         self.epoch_losses.append(float(self._loss_sum / max(self._steps, 1)))
         self._loss_sum, self._steps = 0.0, 0
+        # a metric, so that it also reaches a notebook's kernel from ddp_notebook's worker processes
+        self.log("optimizer_steps", float(self.trainer.global_step), sync_dist=True, reduce_fx="max")
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -132,6 +136,44 @@ class ThroughputCallback(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         self.meter.stop()
+
+
+class StopTraining(Exception):
+    """Raised out of ``Trainer.fit`` on every rank at the same step when a stop was asked for."""
+
+
+class StopOnSignal(L.Callback):
+    """Slurm's warning before the time limit, handled as the course's own loop does (notebook 05).
+
+    The signal handler only sets a flag; the ranks agree at a step boundary
+    (:class:`course_utils.preemption.StopRequest`), then Lightning writes ``last.ckpt`` and
+    training stops; the batch script requeues the job. Lightning's built-in auto-requeue
+    (``SLURMEnvironment(auto_requeue=True)``) writes its checkpoint inside the signal handler,
+    wherever each rank happens to be, and can hang there (Lightning issue #21406).
+    """
+
+    def __init__(self, ckpt_dir: str | None, signum: int = signal.SIGUSR1) -> None:
+        self.ckpt_dir, self.signum = ckpt_dir, signum
+        self.stop: StopRequest | None = None
+        self.stopped = False
+
+    def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        self.stop = StopRequest()  # after Lightning joined the ranks: it builds a process group of its own
+        self.stop.install(self.signum)
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
+                           idx: int) -> None:
+        if self.stop.poll():  # the same answer on every rank at the same step
+            self.stopped = True
+            if self.ckpt_dir:  # mid-epoch: a resumed run finishes this epoch's steps
+                trainer.save_checkpoint(Path(self.ckpt_dir) / "last.ckpt")
+            # Not trainer.should_stop: Lightning would then close the epoch as if it were done (and
+            # ModelCheckpoint would overwrite last.ckpt with a finished epoch). Leave fit() here.
+            raise StopTraining(f"stopped on request ({self.stop.reason}) after step {trainer.global_step}")
+
+    def teardown(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        if self.stop is not None:
+            self.stop.close()
 
 
 @dataclass(frozen=True)
@@ -209,8 +251,10 @@ def quiet_lightning() -> None:
     import warnings
 
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    for tip in ("does not have many workers", "log_every_n_steps", "The `srun` command is available",
-                "treespec, LeafSpec", "exists and is not empty"):  # srun: plan_launch checks how the script was started
+    tips = ("does not have many workers", "log_every_n_steps", "treespec, LeafSpec", "exists and is not empty",
+            "`weights_only` was not set",
+            "The `srun` command is available")  # plan_launch checks how the script was started
+    for tip in tips:
         warnings.filterwarnings("ignore", message=f".*{tip}")
 
 
@@ -238,9 +282,10 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan, **overrides: Any) -> L.T
         # save_last=True with save_top_k=0: Lightning 2.6 then writes last.ckpt only when training ends.
         callbacks.append(ModelCheckpoint(dirpath=config.ckpt_dir, filename="last", save_top_k=1,
                                          enable_version_counter=False, every_n_train_steps=config.ckpt_every_steps))
+    callbacks.append(StopOnSignal(config.ckpt_dir))
     plugins = []
-    if plan.launcher == "slurm":  # on the warning signal: save hpc_ckpt_N.ckpt, then scontrol requeue
-        plugins.append(SLURMEnvironment(auto_requeue=True))
+    if plan.launcher == "slurm":  # Lightning's own requeue off: StopOnSignal and the batch script do it
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     kwargs: dict[str, Any] = dict(
         accelerator=plan.accelerator, devices=plan.devices, num_nodes=plan.num_nodes, strategy=strategy,
         precision=LIGHTNING_PRECISION[precision], max_epochs=config.epochs,

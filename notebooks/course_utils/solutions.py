@@ -6,6 +6,7 @@ The test suite runs them through the same checkers as a learner's answer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 
@@ -35,3 +36,8 @@ def lost_seconds(t_fail: float, every: float) -> float:
 
 def srun_request(nodes: int, gpus_per_node: int, cores_per_node: int) -> dict[str, int]:
     return {"--nodes": nodes, "--ntasks-per-node": gpus_per_node, "--cpus-per-task": cores_per_node // gpus_per_node}
+
+
+def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
+    batches = n_train // world_size // batch_size  # each rank's slice, whole batches only (drop_last)
+    return math.ceil(batches / grad_accum)  # the last accumulation steps even when it is short

@@ -4,6 +4,7 @@
 #   course_rendezvous  MASTER_ADDR = the job's first node, MASTER_PORT = a port free there now
 #   course_flags DIR   COURSE_ARGV: the course's own train.py flags (checkpoints and logs in DIR);
 #                      empty for any other TRAIN_SCRIPT
+#   course_run_requeueable  run training so that Slurm's warning signal checkpoints and requeues
 #   TRAIN_SCRIPT       what to run: the course's scripts/train.py unless set; TRAIN_ARGS its flags
 #   RUN_DIR            a folder per job under COURSE_RUNS (exported: your script may use it)
 #   SRUN_CPUS_PER_TASK every srun task gets the job's --cpus-per-task (Slurm >= 22.05 needs this)
@@ -70,6 +71,39 @@ course_flags() {
     if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_lightning.py" ]]; then
         COURSE_ARGV=(--ckpt-dir "$1/ckpt" --log-dir "$1/tb" --no-progress)
     fi
+}
+
+# Training that outlives the time limit (#SBATCH --signal=B:USR1@t --requeue): run the command in
+# the background; when Slurm's warning reaches this shell, tell the training processes to write a
+# checkpoint at their next step and stop, wait for them, then requeue the job with the same id.
+#   course_run_requeueable children CMD...   the signal goes to CMD's children (torchrun's workers)
+#   course_run_requeueable steps CMD...      the signal goes to every task of the job's steps (srun)
+course_run_requeueable() {
+    local forward="$1" status=0
+    shift
+    REQUEUE=0
+    # shellcheck disable=SC2317  # called by the trap
+    _course_stop_for_requeue() {
+        echo "time limit near: asking training to checkpoint at its next step and stop"
+        REQUEUE=1
+        if [[ "$forward" == children ]]; then
+            pkill -USR1 -P "$TRAIN_PID" || true
+        else
+            scancel --signal=USR1 "$SLURM_JOB_ID"   # the tasks of the job's steps, not this shell
+        fi
+    }
+    trap _course_stop_for_requeue USR1
+    "$@" &
+    TRAIN_PID=$!
+    # A trapped signal interrupts `wait`; keep waiting while training runs, then keep its status.
+    while kill -0 "$TRAIN_PID" 2>/dev/null; do
+        wait "$TRAIN_PID" && status=0 || status=$?
+    done
+    if (( REQUEUE )); then
+        echo "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint in $RUN_DIR/ckpt"
+        scontrol requeue "$SLURM_JOB_ID"   # the job goes back to the queue with the same id
+    fi
+    return "$status"
 }
 
 # Since Slurm 22.05, srun no longer inherits sbatch's --cpus-per-task: without this, every

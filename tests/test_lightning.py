@@ -1,0 +1,104 @@
+"""Lightning and Fabric on the course's pieces: the launch checks, and the four trainers on 2 processes.
+
+scripts/train.py (the course's Trainer), scripts/ddp_loop.py (the loop by hand),
+scripts/train_lightning.py and scripts/train_fabric.py run the same model on the same
+data from the same seed, so they must end at the same validation loss.
+"""
+
+import sys
+
+import pytest
+
+from course_utils.launch import run_command, run_script
+from course_utils.lit import LaunchMismatch, latest_checkpoint, plan_launch
+from course_utils.paths import SCRIPTS
+from course_utils.results import parse_result
+
+TINY = ["--model", "cnn", "--epochs", "2", "--n-train", "1024", "--n-val", "256", "--batch-size", "32",
+        "--workers", "0", "--no-progress"]
+TRAINERS = ("train.py", "ddp_loop.py", "train_lightning.py", "train_fabric.py")
+SAME_LOSS_REL = 1e-4  # the same float32 arithmetic in every trainer; only summation order may differ
+
+SRUN_2x2 = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train",
+            "SLURM_STEP_NUM_TASKS": "4"}
+
+
+def layout(plan):
+    return plan.accelerator, plan.devices, plan.num_nodes
+
+
+def test_the_launcher_gives_devices_and_nodes():
+    assert layout(plan_launch("auto", None, None, gpus_visible=2, env=SRUN_2x2)) == ("gpu", 2, 2)
+    assert plan_launch("auto", 2, 2, gpus_visible=2, env=SRUN_2x2).launcher == "slurm"
+    torchrun = {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "8"}
+    assert layout(plan_launch("cpu", None, None, gpus_visible=4, env=torchrun)) == ("cpu", 4, 2)
+    assert layout(plan_launch("auto", 2, None, gpus_visible=0, env={})) == ("cpu", 2, 1)  # Lightning starts them
+    # compressed per-node counts, as Slurm writes them
+    assert plan_launch("auto", None, None, gpus_visible=4, env={**SRUN_2x2, "SLURM_NTASKS_PER_NODE": "4(x2)",
+                                                                "SLURM_NTASKS": "8"}).devices == 4
+
+
+@pytest.mark.parametrize("devices, nodes, env, gpus, message", [
+    (1, None, SRUN_2x2, 2, "--devices 1 but the job runs --ntasks-per-node=2 on --nodes=2: pass --devices 2"),
+    (None, 1, SRUN_2x2, 2, "--num-nodes 1 but the job runs --ntasks-per-node=2 on --nodes=2: pass --num-nodes 2"),
+    (2, None, {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, 4, "torchrun started 4 process(es) per node"),
+    (None, None, {**SRUN_2x2, "SLURM_GPUS_PER_TASK": "1"}, 1, "--gpus-per-task gives each task only its own GPU"),
+    (None, None, {k: v for k, v in SRUN_2x2.items() if k != "SLURM_STEP_NUM_TASKS"}, 2, "not started by srun"),
+    (None, None, {"SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_STEP_NUM_TASKS": "4"}, 2,
+     "request --ntasks-per-node=N"),
+])
+def test_a_layout_lightning_would_hang_or_fail_on_is_one_error(devices, nodes, env, gpus, message):
+    with pytest.raises(LaunchMismatch, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_launch("auto", devices, nodes, gpus_visible=gpus, env=env)
+
+
+def test_too_few_gpus_is_an_error_on_cuda_and_the_cpu_on_auto():
+    with pytest.raises(LaunchMismatch, match="2 rank.s. per node but 1 GPU"):
+        plan_launch("cuda", 2, None, gpus_visible=1, env={})
+    plan = plan_launch("auto", 2, None, gpus_visible=1, env={})
+    assert plan.accelerator == "cpu" and "gloo" in plan.note
+
+
+def test_the_four_trainers_reach_the_same_loss_on_two_processes():
+    results = {name: parse_result(run_script(name, TINY, nproc=2, timeout_s=300, echo=False).output)
+               for name in TRAINERS}
+    reference = results["train.py"]
+    for name, r in results.items():
+        assert r["world_size"] == 2 and r["ranks_agree"], (name, r)
+        assert r["train_loss"][-1] < r["train_loss"][0], f"{name}: the loss falls"
+        assert r["global_step"] == reference["global_step"] == 2 * 1024 // 2 // 32, (name, r)
+        assert r["val_loss"] == pytest.approx(reference["val_loss"], rel=SAME_LOSS_REL), (name, r)
+        assert r["peak_memory_mib"] > 0 and r["images_per_s_per_rank"] > 0
+
+
+def test_a_mismatched_layout_stops_before_training_with_one_line():
+    run = run_script("train_lightning.py", [*TINY, "--devices", "1"], nproc=2, timeout_s=120, check=False,
+                     echo=False)
+    assert run.returncode != 0
+    errors = [line for line in run.lines if line.startswith("error:")]
+    assert errors and all("--devices 1 but torchrun started 2 process(es) per node" in e for e in errors), run.output
+    # (torchrun itself reports the failed workers with a traceback of its own)
+    assert 'train_lightning.py", line' not in run.output and "RESULT" not in run.output
+
+
+@pytest.mark.parametrize("script", ["train_lightning.py", "train_fabric.py"])
+def test_a_flag_the_script_leaves_out_is_named(script):
+    run = run_command([sys.executable, str(SCRIPTS / script), *TINY, "--channels-last"], timeout_s=120, check=False,
+                      echo=False)
+    assert run.returncode != 0 and "does not implement --channels-last" in run.output, run.output
+    assert "Traceback" not in run.output
+
+
+def test_lightning_resumes_from_last_ckpt_and_refuses_another_configuration(tmp_path):
+    ckpt = ["--ckpt-dir", str(tmp_path), "--log-dir", str(tmp_path / "tb")]
+    first = parse_result(run_script("train_lightning.py", [*TINY, "--epochs", "1", *ckpt], echo=False).output)
+    assert latest_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "TensorBoard event files from the logger"
+    second = run_script("train_lightning.py", [*TINY, "--epochs", "2", *ckpt], echo=False)
+    result = parse_result(second.output)
+    assert f"resuming from {tmp_path / 'last.ckpt'}" in second.output
+    assert result["global_step"] == 2 * first["global_step"] and len(result["train_loss"]) == 1, result
+    other = run_script("train_lightning.py", [*TINY, "--epochs", "3", "--batch-size", "16", *ckpt], check=False,
+                       echo=False)
+    assert other.returncode == 2 and "written by another configuration (batch_size 32 -> 16)" in other.output
+    assert "Traceback" not in other.output
