@@ -1,4 +1,4 @@
-"""Session-wide hooks: system tools installed once, notebook times, the Slurm test cluster for 04-05,
+"""Session-wide hooks: system tools installed once, notebook times, the Slurm test cluster for 04-06,
 and the notebooks' exercises answered by their reference solutions."""
 
 import importlib.util
@@ -51,10 +51,10 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    # Notebooks 04 and 05 submit real jobs when it finds a cluster: start the test cluster
+    # Notebooks 04, 05 and 06 submit real jobs when they find a cluster: start the test cluster
     # (where this machine can run one) before the notebook's kernel starts.
     path = "/" + item.nodeid.split("::")[0]
-    if path.endswith(".ipynb") and ("/04_" in path or "/05_" in path):
+    if path.endswith(".ipynb") and any(f"/{n}_" in path for n in ("04", "05", "06")):
         module = _slurm_cluster_module()
         if module.unavailable_reason() is None:
             module.shared()

@@ -10,6 +10,7 @@ train_lightning.py. With --ckpt-dir it writes loop.pt each epoch.
 """
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from lightning.fabric import Fabric
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
-from course_utils.dist import ranks_agree
+from course_utils.dist import cleanup, ranks_agree
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import LIGHTNING_PRECISION, plan_launch, quiet_lightning
 from course_utils.models import build_model
@@ -84,3 +85,6 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "ranks_agree":
              "device": str(device), "epochs": cfg.epochs, "global_step": step, "train_loss": losses,
              "val_loss": val_loss, "val_acc": val_acc, "images_per_s_per_rank": meter.images_per_s,
              "peak_memory_mib": peak_memory_mib(device)})
+del model, optimizer, loader, val_loader  # DDP holds the group in reference cycles: free it before the exit
+gc.collect()
+cleanup()

@@ -16,19 +16,22 @@ is ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 
 import torch
+from torch.utils.data import Dataset
 
 from course_utils import dist as cdist
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
-from course_utils.config import add_config_args, config_from_args, unsupported
-from course_utils.data import DatasetMissingError, get_datasets
+from course_utils.config import TrainConfig, add_config_args, config_from_args, unsupported
+from course_utils.data import DatasetInfo, DatasetMissingError, get_datasets
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import (
     CourseDataModule,
     CourseModule,
+    LaunchPlan,
     StopOnSignal,
     StopTraining,
     latest_checkpoint,
@@ -67,6 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     if plan.note:
         cdist.print0(f"note: {plan.note}")
     quiet_lightning()
+    code = train(cfg, plan, train_ds, val_ds, meta)
+    # DDP keeps the process group alive in reference cycles: free them and leave the group before
+    # the interpreter exits, or gloo's threads may be torn down then and abort the process.
+    gc.collect()
+    cdist.cleanup()
+    return code
+
+
+def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset, meta: DatasetInfo) -> int:
     model = build_model(cfg.model, meta.channels, meta.num_classes)
     module = CourseModule(model, cfg)
     data = CourseDataModule(train_ds, val_ds, cfg, pin_memory=cfg.pin_memory and plan.accelerator == "gpu")
