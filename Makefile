@@ -39,7 +39,7 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) notebooks/00_environment.ipynb $(ALLOW_ROOT) $(LAB_ARGS)
 
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider -rs $(PYTEST_ARGS)
+	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider -rs --durations=15 $(PYTEST_ARGS)
 
 kernel: setup
 	$(PY) -m ipykernel install --user --name distdl-course --display-name "Distributed DL course (.venv)"
