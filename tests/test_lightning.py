@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from course_utils.events import scalars
 from course_utils.launch import run_command, run_script
 from course_utils.lit import LaunchMismatch, latest_checkpoint, plan_launch
 from course_utils.paths import SCRIPTS
@@ -93,11 +94,13 @@ def test_lightning_resumes_from_last_ckpt_and_refuses_another_configuration(tmp_
     ckpt = ["--ckpt-dir", str(tmp_path), "--log-dir", str(tmp_path / "tb")]
     first = parse_result(run_script("train_lightning.py", [*TINY, "--epochs", "1", *ckpt], echo=False).output)
     assert latest_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "TensorBoard event files from the logger"
+    assert scalars(tmp_path / "tb", "train_loss")[0], "TensorBoard scalars from Lightning's logger"
     second = run_script("train_lightning.py", [*TINY, "--epochs", "2", *ckpt], echo=False)
     result = parse_result(second.output)
     assert f"resuming from {tmp_path / 'last.ckpt'}" in second.output
     assert result["global_step"] == 2 * first["global_step"] and len(result["train_loss"]) == 1, result
+    steps, _ = scalars(tmp_path / "tb", "train_loss")
+    assert steps == sorted(set(steps)) and steps[-1] >= first["global_step"], f"the log continues: {steps}"
     other = run_script("train_lightning.py", [*TINY, "--epochs", "3", "--batch-size", "16", *ckpt], check=False,
                        echo=False)
     assert other.returncode == 2 and "written by another configuration (batch_size 32 -> 16)" in other.output
