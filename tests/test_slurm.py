@@ -25,6 +25,8 @@ from course_utils.waiting import wait_until
 SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*/*.sbatch"))
 TINY = "--model cnn --epochs 2 --n-train 256 --n-val 64 --batch-size 16 --workers 0"
 PLAIN = {"TRAIN_SCRIPT": str(REPO_ROOT / "scripts" / "plain_ddp.py"), "TRAIN_ARGS": "--steps 20"}
+# The test cluster's nodes share this machine's cores: a thread per rank, not the cores Slurm grants
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 slurm_cluster_module = pytest.importorskip("slurm_cluster", reason="tests/ is not on sys.path")
 REASON = slurm_cluster_module.unavailable_reason()
@@ -77,8 +79,8 @@ def test_every_script_runs_the_course_script_and_a_plain_torchrun_script(cluster
     jobs = {}
     for script in SCRIPTS:
         if script.stem != "requeue":  # the course's requeue runs have a test of their own
-            jobs[slurm.sbatch(script, env={"TRAIN_ARGS": TINY})] = (script, "course")
-        jobs[slurm.sbatch(script, env=PLAIN)] = (script, "plain")
+            jobs[slurm.sbatch(script, env={"TRAIN_ARGS": TINY, **ONE_THREAD})] = (script, "course")
+        jobs[slurm.sbatch(script, env={**PLAIN, **ONE_THREAD})] = (script, "plain")
     records = slurm.wait(list(jobs), timeout_s=1200)
     for job_id, (script, kind) in jobs.items():
         recs = records[job_id]
@@ -106,12 +108,11 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
     and stop; the job requeues, resumes after that step, and ends bit for bit where a run
     that was never interrupted ends (same ranks, one thread each)."""
     args = "--model cnn --epochs 3 --n-train 4096 --n-val 64 --batch-size 16 --workers 0"
-    one_thread = {"OMP_NUM_THREADS": "1"}
     jobs = {}
     for site in SITES:
         runs = tmp_path / site
         job = slurm.sbatch(REPO_ROOT / "slurm" / site / "requeue.sbatch",
-                           env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **one_thread})
+                           env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **ONE_THREAD})
         jobs[job] = (site, runs / f"{site}-requeue-{job}" / "ckpt" / "last.pt")
     for job, (_site, ckpt) in jobs.items():
         # the first epoch is done: now the time limit "comes near"
@@ -126,7 +127,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
     for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):
         ckpt = tmp_path / f"reference-{ranks}"
         run = run_script("train.py", [*args.split(), "--no-progress", "--ckpt-dir", ckpt], nproc=ranks,
-                         env=one_thread, timeout_s=900, echo=False)
+                         env=ONE_THREAD, timeout_s=900, echo=False)
         references[ranks] = (load_checkpoint(ckpt / "last.pt"), parse_result(run.output))
     records = slurm.wait(list(jobs), timeout_s=900)
     for job, (site, ckpt) in jobs.items():
