@@ -20,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.dist import ranks_agree
+from course_utils.dist import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model
 from course_utils.precision import autocast, resolve_precision
@@ -85,10 +85,10 @@ for epoch in range(cfg.epochs):
         torch.save(state, Path(cfg.ckpt_dir) / "loop.pt")
 
 val_loss, val_acc = evaluate(model, val_loader, device, precision)
-emit_result({"trainer": Path(__file__).name, "world_size": world, "ranks_agree": ranks_agree(model),
-             "device": str(device), "epochs": cfg.epochs, "global_step": step, "train_loss": losses,
-             "val_loss": val_loss, "val_acc": val_acc, "images_per_s_per_rank": meter.images_per_s,
-             "peak_memory_mib": peak_memory_mib(device)})
+emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
+             "ranks_agree": ranks_agree(model), "device": str(device), "epochs": cfg.epochs, "global_step": step,
+             "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
+             "images_per_s_per_rank": meter.images_per_s, "peak_memory_mib": peak_memory_mib(device)})
 if world > 1:  # DDP holds the group in reference cycles: free it before the interpreter exits
     dist.barrier()
     del model, optimizer

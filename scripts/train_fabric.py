@@ -19,7 +19,7 @@ from lightning.fabric import Fabric
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
-from course_utils.dist import cleanup, ranks_agree
+from course_utils.dist import cleanup, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import LIGHTNING_PRECISION, plan_launch, quiet_lightning
 from course_utils.models import build_model
@@ -76,15 +76,16 @@ for epoch in range(cfg.epochs):
         total, count, step = total + loss.item(), count + 1, step + 1
     meter.stop()
     losses.append(total / max(count, 1))
-    fabric.print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s")
+    if rank == 0:  # (fabric.print prints once per node: on local rank 0)
+        print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
     if cfg.ckpt_dir:  # Fabric writes from rank 0
         fabric.save(Path(cfg.ckpt_dir) / "loop.pt", {"model": model, "epoch": epoch + 1})
 
 val_loss, val_acc = evaluate(model, val_loader, device, precision)
-emit_result({"trainer": Path(__file__).name, "world_size": world, "ranks_agree": ranks_agree(model),
-             "device": str(device), "epochs": cfg.epochs, "global_step": step, "train_loss": losses,
-             "val_loss": val_loss, "val_acc": val_acc, "images_per_s_per_rank": meter.images_per_s,
-             "peak_memory_mib": peak_memory_mib(device)})
+emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
+             "ranks_agree": ranks_agree(model), "device": str(device), "epochs": cfg.epochs, "global_step": step,
+             "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
+             "images_per_s_per_rank": meter.images_per_s, "peak_memory_mib": peak_memory_mib(device)})
 del model, optimizer, loader, val_loader  # DDP holds the group in reference cycles: free it before the exit
 gc.collect()
 cleanup()

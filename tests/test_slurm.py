@@ -174,6 +174,20 @@ def test_a_lightning_job_requeued_on_the_signal_resumes_from_its_checkpoint(clus
 
 
 @needs_cluster
+def test_fabric_runs_under_the_srun_pattern_unchanged(cluster):
+    """Fabric reads its ranks from Slurm (srun, one task per GPU) like Lightning."""
+    script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
+    job = slurm.sbatch(script, env={"TRAIN_SCRIPT": str(REPO_ROOT / "scripts" / "train_fabric.py"),
+                                    "TRAIN_ARGS": TINY, **ONE_THREAD})
+    record = slurm.wait([job], timeout_s=300)[job][0]
+    report = cluster.job_report(job, [record])
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), report
+    (result,) = results_in_log(record["StdOut"])
+    assert result["world_size"] == 4 and result["hosts"] == {"cnode1": 2, "cnode2": 2}, result
+    assert result["ranks_agree"] and result["train_loss"][-1] < result["train_loss"][0], result
+
+
+@needs_cluster
 def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
     script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
     args = "--model cnn --epochs 2 --n-train 512 --n-val 64 --batch-size 16 --workers 0"
