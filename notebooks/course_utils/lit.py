@@ -209,10 +209,10 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
         launcher = "slurm"
         if _slurm_int(env["SLURM_NTASKS"]) > 1 and "SLURM_STEP_NUM_TASKS" not in env:
             raise LaunchMismatch("this job has several tasks but the script was not started by srun, so Lightning "
-                              "would wait for ranks that never start: run it as `srun python scripts/...`")
+                                 "would wait for ranks that never start: run it as `srun python scripts/...`")
         if "SLURM_NTASKS_PER_NODE" not in env and _slurm_int(env["SLURM_NTASKS"]) > 1:
             raise LaunchMismatch("Lightning needs the tasks per node: request --ntasks-per-node=N (with --nodes), "
-                              "not --ntasks")
+                                 "not --ntasks")
         per_node, nodes = _slurm_int(env.get("SLURM_NTASKS_PER_NODE", "1")), _slurm_int(env.get("SLURM_NNODES", "1"))
         where = f"the job runs --ntasks-per-node={per_node} on --nodes={nodes}"
     elif "LOCAL_WORLD_SIZE" in env and "WORLD_SIZE" in env:
@@ -224,7 +224,7 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
         launcher, per_node, nodes, where = "none", devices or 1, num_nodes or 1, ""
     if devices is not None and devices != per_node:
         raise LaunchMismatch(f"--devices {devices} but {where}: pass --devices {per_node}, or leave it out "
-                          "(the script reads it from the launcher)")
+                             "(the script reads it from the launcher)")
     if num_nodes is not None and num_nodes != nodes:
         raise LaunchMismatch(f"--num-nodes {num_nodes} but {where}: pass --num-nodes {nodes}, or leave it out")
 
@@ -233,13 +233,14 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
     # each rank drives the GPU of its local rank, so every rank must see all of its node's GPUs
     if gpus >= per_node and gpus > 0:
         return LaunchPlan("gpu", per_node, nodes, launcher)
-    if "SLURM_GPUS_PER_TASK" in env and per_node > 1:
-        raise LaunchMismatch("--gpus-per-task gives each task only its own GPU, and Lightning puts rank r of a node "
-                          f"on GPU r: request --gpus-per-node={per_node} (or --gres=gpu:{per_node}) with "
-                          f"--ntasks-per-node={per_node} instead")
+    if per_node > 1 and ("SLURM_GPUS_PER_TASK" in env or "SLURM_GPU_BIND" in env):
+        raise LaunchMismatch("--gpus-per-task (or GPU binding: --gpu-bind, COURSE_GPU_BIND) gives each task only "
+                             "its own GPU, and Lightning puts rank r of a node on GPU r: request "
+                             f"--gpus-per-node={per_node} (or --gres=gpu:{per_node}) with "
+                             f"--ntasks-per-node={per_node}, and no binding")
     if device == "cuda":
         raise LaunchMismatch(f"{per_node} rank(s) per node but {gpus} GPU(s) visible: NCCL drives one GPU per rank; "
-                          f"start at most {gpus} rank(s) per node, or use --device auto to run on the CPU")
+                             f"start at most {gpus} rank(s) per node, or use --device auto to run on the CPU")
     note = "" if gpus == 0 else (f"{per_node} ranks per node but only {gpus} GPU(s): every rank runs on the CPU "
                                  "with gloo (NCCL never puts two ranks on one GPU)")
     return LaunchPlan("cpu", per_node, nodes, launcher, note)
@@ -266,7 +267,7 @@ def latest_checkpoint(folder: str | Path | None) -> str | None:
     return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
 
-def make_trainer(config: TrainConfig, plan: LaunchPlan, **overrides: Any) -> L.Trainer:
+def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
     """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout, TensorBoard, checkpoints, requeue."""
     device = torch.device("cuda" if plan.accelerator == "gpu" else "cpu")
     precision = resolve_precision(config.precision, device)
@@ -286,7 +287,7 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan, **overrides: Any) -> L.T
     plugins = []
     if plan.launcher == "slurm":  # Lightning's own requeue off: StopOnSignal and the batch script do it
         plugins.append(SLURMEnvironment(auto_requeue=False))
-    kwargs: dict[str, Any] = dict(
+    return L.Trainer(
         accelerator=plan.accelerator, devices=plan.devices, num_nodes=plan.num_nodes, strategy=strategy,
         precision=LIGHTNING_PRECISION[precision], max_epochs=config.epochs,
         limit_train_batches=config.steps_per_epoch or 1.0, accumulate_grad_batches=config.grad_accum,
@@ -295,5 +296,3 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan, **overrides: Any) -> L.T
         enable_checkpointing=bool(config.ckpt_dir), default_root_dir=config.ckpt_dir or None,
         enable_progress_bar=config.progress, enable_model_summary=False, callbacks=callbacks, plugins=plugins,
     )
-    kwargs.update(overrides)
-    return L.Trainer(**kwargs)
