@@ -39,7 +39,10 @@ except ValueError as exc:
     sys.exit(f"error: {exc}")
 
 local_rank, world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-use_gpu = cfg.device != "cpu" and torch.cuda.device_count() > local_rank  # one GPU per rank, else the CPU
+ranks_here, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count()
+if cfg.device == "cuda" and gpus < ranks_here:  # NCCL never puts two ranks on one GPU
+    sys.exit(f"error: {ranks_here} ranks on this node but {gpus} GPU(s): start at most one rank per GPU")
+use_gpu = cfg.device != "cpu" and gpus >= ranks_here  # the same answer on every rank: all NCCL, or all gloo
 device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
 if world > 1:
     dist.init_process_group("nccl" if use_gpu else "gloo")  # RANK, MASTER_ADDR, ... from torchrun

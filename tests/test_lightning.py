@@ -9,6 +9,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 from course_utils.events import scalars
 from course_utils.launch import run_command, run_script
@@ -107,3 +108,16 @@ def test_lightning_resumes_from_last_ckpt_and_refuses_another_configuration(tmp_
                        echo=False)
     assert other.returncode == 2 and "written by another configuration (batch_size 32 -> 16)" in other.output
     assert "Traceback" not in other.output
+
+
+def test_the_loop_by_hand_never_puts_two_ranks_on_one_gpu():
+    """More ranks on a node than GPUs: --device cuda stops in one line, --device auto runs on the CPU
+    (every rank the same answer, so all join one gloo group)."""
+    gpus = torch.cuda.device_count()
+    run = run_script("ddp_loop.py", [*TINY, "--epochs", "1", "--device", "cuda"], nproc=gpus + 1, timeout_s=120,
+                     check=False, echo=False)
+    assert run.returncode != 0 and f"{gpus + 1} ranks on this node but {gpus} GPU(s)" in run.output, run.output
+    if gpus == 0:
+        result = parse_result(run_script("ddp_loop.py", [*TINY, "--epochs", "1"], nproc=2, timeout_s=300,
+                                         echo=False).output)
+        assert result["device"] == "cpu" and result["world_size"] == 2 and result["ranks_agree"]
