@@ -21,7 +21,7 @@ from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
 from course_utils.dist import cleanup, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
-from course_utils.lit import LIGHTNING_PRECISION, plan_launch, quiet_lightning
+from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, plan_launch, quiet_lightning
 from course_utils.models import build_model
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
@@ -32,8 +32,7 @@ LEFT_OUT = {"grad_accum", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__)
 add_config_args(parser)
-parser.add_argument("--devices", type=int, help="ranks per node (default: what the launcher started)")
-parser.add_argument("--num-nodes", type=int, help="nodes (default: what the launcher started)")
+add_launch_args(parser)
 args = parser.parse_args()
 cfg = config_from_args(args)
 try:

@@ -34,6 +34,7 @@ from course_utils.lit import (
     LaunchPlan,
     StopOnSignal,
     StopTraining,
+    add_launch_args,
     latest_checkpoint,
     make_trainer,
     plan_launch,
@@ -48,8 +49,7 @@ from course_utils.trainer import evaluate
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
-    p.add_argument("--devices", type=int, help="ranks per node (default: what the launcher started)")
-    p.add_argument("--num-nodes", type=int, help="nodes (default: what the launcher started)")
+    add_launch_args(p)
     return p
 
 

@@ -11,6 +11,7 @@ before Lightning starts and stops with one line where Lightning would hang or fa
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -33,7 +34,7 @@ from torch.utils.data import Dataset
 from .checkpoint import CheckpointError
 from .config import TrainConfig, resume_mismatch
 from .data import make_loader
-from .dist import DEFAULT_TIMEOUT_S
+from .dist import collective_timeout_s
 from .precision import resolve_precision, set_tf32
 from .preemption import StopRequest
 from .timing import Throughput
@@ -259,6 +260,12 @@ def quiet_lightning() -> None:
         warnings.filterwarnings("ignore", message=f".*{tip}")
 
 
+def add_launch_args(parser: argparse.ArgumentParser) -> None:
+    """``--devices`` and ``--num-nodes`` for the Lightning and Fabric scripts (checked by :func:`plan_launch`)."""
+    parser.add_argument("--devices", type=int, help="ranks per node (default: what the launcher started)")
+    parser.add_argument("--num-nodes", type=int, help="nodes (default: what the launcher started)")
+
+
 def latest_checkpoint(folder: str | Path | None) -> str | None:
     """The newest of ``last.ckpt`` and the checkpoints Lightning writes on Slurm's warning signal."""
     if not folder:
@@ -274,8 +281,7 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
     set_tf32(config.tf32)
     strategy: Any = "auto"
     if plan.world_size > 1:
-        timeout_s = float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))  # as cdist.init_distributed
-        strategy = DDPStrategy(timeout=timedelta(seconds=timeout_s), bucket_cap_mb=config.bucket_cap_mb,
+        strategy = DDPStrategy(timeout=timedelta(seconds=collective_timeout_s()), bucket_cap_mb=config.bucket_cap_mb,
                                gradient_as_bucket_view=config.grad_as_bucket_view)
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
     if config.ckpt_dir:

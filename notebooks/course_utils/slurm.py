@@ -78,11 +78,6 @@ def signal_batch(job_id: int, sig: str = "USR1") -> None:
     subprocess.run(["scancel", f"--signal={sig}", "--batch", str(job_id)], check=True)
 
 
-def signal_steps(job_id: int, sig: str = "USR1") -> None:
-    """Send a signal to the tasks of a job's steps, as ``--signal=SIG@t`` (no ``B:``) does near the time limit."""
-    subprocess.run(["scancel", f"--signal={sig}", str(job_id)], check=True)
-
-
 def wait_requeued(job_id: int, timeout_s: float = 120) -> None:
     """Wait until a job has been requeued: restart count grown and back in the queue.
 

@@ -21,6 +21,7 @@ from .group import (
     barrier,
     choose_device,
     cleanup,
+    collective_timeout_s,
     get_rank,
     get_world_size,
     init_distributed,
@@ -32,7 +33,8 @@ from .rendezvous import RendezvousError
 from .report import describe, print0, print_ranks, ranks_agree, ranks_per_host, require_processes
 
 __all__ = [
-    "DEFAULT_JOIN_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "DistEnv", "barrier", "choose_device", "cleanup", "describe",
+    "DEFAULT_JOIN_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "DistEnv", "barrier", "choose_device", "cleanup",
+    "collective_timeout_s", "describe",
     "detect_env", "expand_hostlist", "free_port", "get_rank", "get_world_size", "init_distributed",
     "is_initialized", "is_main_process", "port_from_job_id", "print0", "print_ranks", "ranks_agree",
     "ranks_per_host", "require_processes", "session", "RendezvousError",

@@ -59,7 +59,7 @@ def init_distributed(
         return info, choose_device(device)
 
     if timeout_s is None:
-        timeout_s = float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+        timeout_s = collective_timeout_s()
     if join_timeout_s is None:
         join_timeout_s = float(os.environ.get("COURSE_JOIN_TIMEOUT", DEFAULT_JOIN_TIMEOUT_S))
     # Slurm and MPI do not set these; the rendezvous needs them.
@@ -112,6 +112,11 @@ def _release_at_exit() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()
+
+
+def collective_timeout_s() -> float:
+    """Seconds a collective may wait for a peer: ``$COURSE_DIST_TIMEOUT``, or :data:`DEFAULT_TIMEOUT_S`."""
+    return float(os.environ.get("COURSE_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
 
 
 def cleanup(meet_first: bool | None = None) -> None:
