@@ -26,7 +26,7 @@ from course_utils.models import build_model
 from course_utils.precision import autocast, resolve_precision
 from course_utils.results import emit_result
 from course_utils.timing import Throughput
-from course_utils.trainer import config_lr, evaluate, make_sgd
+from course_utils.trainer import config_lr, evaluate, make_optimizer
 
 LEFT_OUT = {"grad_accum", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
@@ -55,7 +55,7 @@ train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, c
 model = build_model(cfg.model, meta.channels, meta.num_classes).to(device)
 if world > 1:
     model = DDP(model, device_ids=[local_rank] if use_gpu else None)
-optimizer = make_sgd(model, cfg, config_lr(cfg, world))
+optimizer = make_optimizer(model, cfg, config_lr(cfg, world))
 loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
                      pin_memory=use_gpu and cfg.pin_memory, drop_last=True, seed=cfg.seed)  # each rank its slice
 val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)

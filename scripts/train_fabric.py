@@ -26,7 +26,7 @@ from course_utils.models import build_model
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
 from course_utils.timing import Throughput
-from course_utils.trainer import config_lr, evaluate, make_sgd
+from course_utils.trainer import config_lr, evaluate, make_optimizer
 
 LEFT_OUT = {"grad_accum", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
@@ -51,7 +51,7 @@ world, device, rank = fabric.world_size, fabric.device, fabric.global_rank
 torch.manual_seed(cfg.seed)  # the same initial weights on every rank
 train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
 model = build_model(cfg.model, meta.channels, meta.num_classes)
-optimizer = make_sgd(model, cfg, config_lr(cfg, world))
+optimizer = make_optimizer(model, cfg, config_lr(cfg, world))
 model, optimizer = fabric.setup(model, optimizer)  # to the device, DDP, autocast
 loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
                      pin_memory=plan.accelerator == "gpu" and cfg.pin_memory, drop_last=True, seed=cfg.seed)

@@ -103,9 +103,32 @@ def test_unwritable_log_dir_fails_before_training(tmp_path):
 def test_models_have_expected_sizes():
     assert 11.0e6 < count_parameters(build_model("resnet18")) < 11.5e6
     for channels, size in ((1, 28), (3, 32)):
-        for name in ("cnn", "resnet18"):
+        for name in ("cnn", "resnet18", "mlp"):
             out = build_model(name, channels)(torch.randn(2, channels, size, size))
             assert out.shape == (2, 10)
+    weights = sum(p.numel() for n, p in build_model("mlp").named_parameters() if n.endswith("weight"))
+    assert weights / count_parameters(build_model("mlp")) > 0.99, "notebook 07's model: the weights are the memory"
+
+
+def test_activation_checkpointing_recomputes_the_same_gradients():
+    from course_utils.models import enable_activation_checkpointing
+
+    x, grads, calls = torch.randn(4, 3, 32, 32), [], []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        model = build_model("mlp")
+        if checkpointed:
+            enable_activation_checkpointing(model)
+        runs = []
+        model.blocks[0][0].register_forward_hook(lambda *_: runs.append(1))
+        model(x).square().sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+        calls.append(len(runs))
+    assert calls == [1, 2], "a checkpointed block runs its forward again during backward"
+    for plain, recomputed in zip(*grads):
+        assert torch.allclose(plain, recomputed, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="--model mlp"):
+        enable_activation_checkpointing(build_model("cnn"))
 
 
 def test_linear_warmup_and_scaling_rule():

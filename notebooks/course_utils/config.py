@@ -34,6 +34,7 @@ from .models import MODELS
 from .precision import PRECISIONS
 
 GROUPS = ("data", "training", "speed", "output")
+OPTIMIZERS = ("sgd", "adamw")
 
 
 def knob(default: Any, group: str, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
@@ -68,6 +69,9 @@ class TrainConfig:
     batch_size: int = knob(128, "training", "per rank; global = this x world size x grad-accum",
                            minimum=1, same_on_resume=True)
     lr: float = knob(0.05, "training", "learning rate (per rank-batch with --scale-lr)", positive=True)
+    optimizer: str = knob("sgd", "training", "sgd (with --momentum) or adamw (Adam's two moments per parameter: "
+                          "the optimizer state notebook 07 shards; try --lr 1e-3)", choices=OPTIMIZERS,
+                          same_on_resume=True)
     momentum: float = knob(0.9, "training", "SGD momentum", minimum=0, same_on_resume=True)
     weight_decay: float = knob(5e-4, "training", "SGD weight decay", minimum=0)
     grad_accum: int = knob(1, "training", "micro-batches per optimiser step", minimum=1,

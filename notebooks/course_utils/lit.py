@@ -38,7 +38,7 @@ from .dist import collective_timeout_s
 from .precision import resolve_precision, set_tf32
 from .preemption import StopRequest
 from .timing import Throughput
-from .trainer import config_lr, linear_warmup, make_sgd
+from .trainer import config_lr, linear_warmup, make_optimizer
 
 # the course's precision names -> Lightning's and Fabric's
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -82,7 +82,7 @@ class CourseModule(L.LightningModule):
                        "val_acc": (logits.argmax(1) == y).float().mean()}, sync_dist=True)
 
     def configure_optimizers(self) -> Any:
-        optimizer = make_sgd(self.model, self.cfg, config_lr(self.cfg, self.trainer.world_size))
+        optimizer = make_optimizer(self.model, self.cfg, config_lr(self.cfg, self.trainer.world_size))
         if self.cfg.warmup_epochs <= 0:
             return optimizer
         steps_per_epoch = self.trainer.estimated_stepping_batches / self.cfg.epochs

@@ -32,7 +32,7 @@ from .rng import rng_state, set_rng_state
 from .timing import Throughput
 
 __all__ = ["EpochStats", "TrainConfig", "Trainer", "config_lr", "evaluate", "history_table", "linear_warmup",
-           "make_sgd", "scaled_lr"]
+           "make_optimizer", "scaled_lr"]
 
 def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Ramp the learning rate from lr/steps to lr over ``steps`` optimiser steps, then hold it.
@@ -53,8 +53,10 @@ def config_lr(cfg: TrainConfig, world_size: int) -> float:
     return scaled_lr(cfg.lr, world_size, cfg.grad_accum) if cfg.scale_lr else cfg.lr
 
 
-def make_sgd(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.SGD:
-    """The course's optimiser, the same in every trainer (ours, Lightning's, Fabric's)."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
+    """The course's optimiser, the same in every trainer (ours, Lightning's, Fabric's, DeepSpeed's, FSDP's)."""
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
@@ -123,7 +125,7 @@ class Trainer:
 
         self.train_loader, self.val_loader = train_loader, val_loader
         self.lr = config_lr(self.cfg, cdist.get_world_size())
-        self.optimizer = optimizer or make_sgd(self.raw_model, self.cfg, self.lr)
+        self.optimizer = optimizer or make_optimizer(self.raw_model, self.cfg, self.lr)
         if scheduler is None and self.cfg.warmup_epochs > 0:
             scheduler = linear_warmup(self.optimizer, self._lr_warmup_steps())
         self.scheduler = scheduler
