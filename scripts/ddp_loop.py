@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader, set_epoch
+from course_utils.devices import PlacementError, node_device
 from course_utils.dist import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model
@@ -39,11 +40,12 @@ except ValueError as exc:
     sys.exit(f"error: {exc}")
 
 local_rank, world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-ranks_here, gpus = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count()
-if cfg.device == "cuda" and gpus < ranks_here:  # NCCL never puts two ranks on one GPU
-    sys.exit(f"error: {ranks_here} ranks on this node but {gpus} GPU(s): start at most one rank per GPU")
-use_gpu = cfg.device != "cpu" and gpus >= ranks_here  # the same answer on every rank: all NCCL, or all gloo
-device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
+try:  # a GPU per rank when the node has one for each (NCCL never puts two ranks on one GPU), else all on the CPU
+    device = torch.device(node_device(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                      torch.cuda.device_count(), local_rank))
+except (ValueError, PlacementError) as exc:
+    sys.exit(f"error: {exc}")
+use_gpu = device.type == "cuda"
 if world > 1:
     dist.init_process_group("nccl" if use_gpu else "gloo")  # RANK, MASTER_ADDR, ... from torchrun
 rank = dist.get_rank() if world > 1 else 0

@@ -210,3 +210,13 @@ DEVICE_HELP = ("auto (default: a GPU per rank when each host has enough, else CP
 def add_device_flag(parser) -> None:
     """``--device auto|cpu|cuda|cuda:N`` with the policy's meaning, for every script that starts ranks."""
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def node_device(requested: str, ranks_on_node: int, gpus: int, local_rank: int) -> str:
+    """The device of a rank started by torchrun or srun: ``cuda:LOCAL_RANK`` when the node has a GPU
+    for each of its ranks, else ``cpu`` (gloo). Every rank of a node gets the same kind of answer, so
+    a group is never split between NCCL and gloo; ``cuda`` with too few GPUs raises PlacementError."""
+    requested = _check_requested(requested)
+    if requested.startswith("cuda") and gpus < ranks_on_node:
+        raise PlacementError(f"{ranks_on_node} ranks on this node but {gpus} GPU(s): start at most one rank per GPU")
+    return f"cuda:{local_rank}" if requested != "cpu" and gpus >= ranks_on_node else "cpu"

@@ -1,0 +1,193 @@
+"""Sharded data parallelism (notebook 07): DeepSpeed ZeRO and PyTorch FSDP2, measured against the theory.
+
+The theory (Rajbhandari et al. 2020, "ZeRO"): every rank of plain data parallelism holds the
+whole model state. For Psi parameters trained with Adam in mixed precision that is 2 Psi bytes of
+bf16 weights, 2 Psi of bf16 gradients and 12 Psi of optimizer state (an fp32 master copy of the
+weights, Adam's two moments). ZeRO stage 1 shards the optimizer state across the N ranks, stage 2
+also the gradients, stage 3 also the weights (:func:`zero_theory`). The price is communication:
+stages 0-2 move what an all-reduce of the gradients moves, stage 3 also all-gathers the weights
+in the forward and again in the backward pass (:func:`comm_theory`).
+
+What a rank holds is measured from the tensors DeepSpeed and FSDP2 keep (:func:`zero_memory`,
+:func:`fsdp_memory`), and on a GPU from the allocator too. Helpers for the two scripts,
+``scripts/train_deepspeed.py`` and ``scripts/train_fsdp.py``, live here as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import TrainConfig
+
+STAGES = (0, 1, 2, 3)
+PARTS = ("params", "gradients", "optimizer")
+# what each stage shards across the ranks (the rest every rank holds whole)
+SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"), 3: ("optimizer", "gradients", "params")}
+
+
+def bytes_per_param(precision: str, optimizer: str = "adamw", momentum: float = 0.9) -> dict[str, int]:
+    """Bytes of each part of the model state per parameter, unsharded.
+
+    Mixed precision (bf16, fp16): 2-byte weights and gradients, and the optimizer keeps an fp32
+    master copy (4) besides its moments. fp32: 4-byte weights and gradients, no master copy.
+    Moments: AdamW 8 (two fp32 tensors), SGD with momentum 4, plain SGD 0.
+    """
+    moments = 8 if optimizer == "adamw" else (4 if momentum > 0 else 0)
+    if precision == "fp32":
+        return {"params": 4, "gradients": 4, "optimizer": moments}
+    return {"params": 2, "gradients": 2, "optimizer": 4 + moments}
+
+
+def zero_theory(psi: int, ranks: int, stage: int, precision: str = "bf16", optimizer: str = "adamw",
+                momentum: float = 0.9) -> dict[str, float]:
+    """Bytes of params, gradients and optimizer state one rank holds under ZeRO ``stage``."""
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be one of {STAGES}, not {stage!r}")
+    per = bytes_per_param(precision, optimizer, momentum)
+    return {part: per[part] * psi / (ranks if part in SHARDED[stage] else 1) for part in PARTS}
+
+
+def comm_theory(psi: int, ranks: int, stage: int, precision: str = "bf16") -> float:
+    """Bytes one rank sends per optimizer step with ring collectives (each moves (N-1)/N of its buffer).
+
+    Stages 0-2: the gradients are reduced (all-reduce = reduce-scatter + all-gather: 2 Psi elements).
+    Stage 3: the weights are all-gathered in the forward and again in the backward pass, and the
+    gradients reduce-scattered: 3 Psi elements, 1.5x the data-parallel volume.
+    """
+    element = 4 if precision == "fp32" else 2
+    passes = 3 if stage == 3 else 2
+    return passes * psi * element * (ranks - 1) / ranks
+
+
+# --------------------------------------------------------------------------- #
+# DeepSpeed
+# --------------------------------------------------------------------------- #
+def deepspeed_env(use_gpu: bool) -> None:
+    """Set, before ``import deepspeed``: the accelerator (DeepSpeed picks it when imported) and where
+    its C++ ops are built: once per Python environment (``sys.prefix/torch_extensions``), not in a
+    home folder shared by every environment and every torch version."""
+    if not use_gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
+
+def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload: bool = False,
+              clip: float = 1.0, bucket_elements: int = 2_000_000) -> dict[str, Any]:
+    """The DeepSpeed configuration of a course run (notebook 07 explains it field by field)."""
+    zero: dict[str, Any] = {
+        "stage": stage,
+        # buckets of gradients reduced (and of weights gathered) at once, in elements: DeepSpeed's
+        # default 5e8 would allocate a 1 GB bf16 buffer for a 4 M-parameter model
+        "reduce_bucket_size": bucket_elements,
+        "allgather_bucket_size": bucket_elements,
+    }
+    if stage == 3:
+        zero.update({
+            "stage3_prefetch_bucket_size": bucket_elements,
+            # every weight is sharded, however small (the default keeps those under 1e5 whole)
+            "stage3_param_persistence_threshold": 0,
+        })
+    if offload:
+        # the fp32 master weights, the moments and the optimizer step move to the CPU's memory
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    return {
+        # the global batch: per-rank batch x accumulation x ranks (DeepSpeed checks the product)
+        "train_batch_size": cfg.batch_size * cfg.grad_accum * world,
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        # bf16: weights and gradients in bf16, an fp32 master copy in the optimizer; fp16 adds loss scaling
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
+        "gradient_clipping": clip,
+        "zero_optimization": zero,
+        # the course's own optimizer (make_optimizer) runs on the offloaded state, where DeepSpeed
+        # would otherwise insist on its CPU Adam (a C++ op built on first use)
+        "zero_force_ds_cpu_optimizer": False,
+        # counts every collective DeepSpeed calls (read back by collectives_per_step)
+        "comms_logger": {"enabled": True, "verbose": False, "prof_all": True, "debug": False},
+        "steps_per_print": 10**9,  # the course prints its own progress
+    }
+
+
+def _nbytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct tensors among ``tensors`` (views of one buffer counted once each)."""
+    seen: dict[tuple[int, int], int] = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.numel():
+            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """Tensors in a tensor, or a list/tuple/dict of them, nested."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+# Where each DeepSpeed optimizer keeps this rank's fp32 master weights: the whole copy (stage 0 in
+# bf16/fp16), this rank's flat partition (stages 1-2), its flat partition (stage 3).
+_MASTER_ATTRS = ("fp32_groups", "single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+
+
+def zero_gradient_bytes(engine: Any, optimizer: Any) -> int:
+    """Bytes of gradients this rank holds after ``engine.backward`` (before ``engine.step``): the
+    weights' ``.grad`` where they are kept whole, the partition ZeRO reduced them into where not."""
+    grads = [p.grad for p in engine.module.parameters()]
+    grads += _tensors_in(getattr(optimizer, "averaged_gradients", None))
+    return _nbytes(grads)
+
+
+def zero_memory(engine: Any, optimizer: Any, gradient_bytes: int) -> dict[str, Any]:
+    """Bytes of params, gradients and optimizer state this rank holds, from DeepSpeed's tensors.
+
+    Params: each weight, or under stage 3 its shard (``ds_tensor``). Optimizer: the fp32 master
+    weights DeepSpeed keeps (:data:`_MASTER_ATTRS`) and the optimizer's moments. Gradients: measured
+    after a backward pass by :func:`zero_gradient_bytes`.
+    """
+    params = _nbytes(getattr(p, "ds_tensor", p) for p in engine.module.parameters())
+    inner = getattr(optimizer, "optimizer", optimizer)
+    state = [t for s in inner.state.values() for t in _tensors_in(s) if t.dim() > 0]  # not step counters
+    masters = next((_tensors_in(getattr(optimizer, a)) for a in _MASTER_ATTRS if hasattr(optimizer, a)), [])
+    where = {t.device.type for t in state + masters} or {"none"}
+    return {"params": params, "gradients": gradient_bytes, "optimizer": _nbytes(state + masters),
+            "optimizer_device": ",".join(sorted(where))}
+
+
+def collectives_per_step(steps: int) -> dict[str, float]:
+    """How many times each collective ran per optimizer step, from DeepSpeed's comms logger."""
+    from deepspeed.comm import comms_logger
+
+    calls = {op: sum(v[0] for v in sizes.values()) for op, sizes in comms_logger.comms_dict.items()}
+    return {op: round(n / steps, 2) for op, n in sorted(calls.items()) if op not in ("barrier", "broadcast")}
+
+
+# --------------------------------------------------------------------------- #
+# FSDP2
+# --------------------------------------------------------------------------- #
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (the tensor itself otherwise)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def fsdp_gradient_bytes(model: torch.nn.Module) -> int:
+    """Bytes of gradient shards this rank holds after a backward pass."""
+    return _nbytes(_local(p.grad) for p in model.parameters())
+
+
+def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradient_bytes: int) -> dict[str, Any]:
+    """Bytes of params (this rank's shards: FSDP2 keeps them in fp32, so they are also the master
+    copy), gradients and optimizer moments this rank holds under ``fully_shard``."""
+    state = [_local(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    return {"params": _nbytes(_local(p) for p in model.parameters()), "gradients": gradient_bytes,
+            "optimizer": _nbytes(state), "optimizer_device": ",".join(sorted({t.device.type for t in state}))}

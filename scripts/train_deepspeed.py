@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""The course's training run under DeepSpeed ZeRO (notebook 07): the loop of ddp_loop.py, with the
+DeepSpeed engine in place of DDP, and the bytes each rank holds measured by stage.
+
+    torchrun --standalone --nproc-per-node=2 scripts/train_deepspeed.py --model mlp --optimizer adamw \\
+        --lr 1e-3 --precision bf16 --zero-stage 2
+
+Launch it with torchrun, or with srun (slurm/*/multi_node_deepspeed.sbatch), like every course
+script. Not with the `deepspeed` launcher: it starts the ranks of other nodes over passwordless ssh
+from a hostfile, which many clusters forbid. The optimizer is the course's (--optimizer); with
+--ckpt-dir the engine writes a ZeRO checkpoint each epoch and a new run resumes from it.
+"""
+
+import argparse
+import gc
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from course_utils.config import add_config_args, config_from_args, resume_mismatch, unsupported
+from course_utils.data import get_datasets, make_loader, set_epoch
+from course_utils.devices import PlacementError, node_device
+from course_utils.dist import collective_timeout_s, ranks_agree, ranks_per_host
+from course_utils.hardware import peak_memory_mib
+from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
+from course_utils.precision import resolve_precision
+from course_utils.results import emit_result
+from course_utils.sharding import (collectives_per_step, deepspeed_env, ds_config, zero_gradient_bytes, zero_memory,
+                                   zero_theory)
+from course_utils.timing import Throughput
+from course_utils.trainer import config_lr, evaluate, make_optimizer
+
+LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile", "bucket_cap_mb",
+            "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+add_config_args(parser)
+deepspeed_args = parser.add_argument_group("deepspeed")
+deepspeed_args.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=2, help="(default: 2)")
+deepspeed_args.add_argument("--offload-optimizer", action="store_true",
+                            help="keep the fp32 master weights and the optimizer's moments in CPU memory")
+deepspeed_args.add_argument("--activation-checkpointing", action="store_true",
+                            help="recompute activations in the backward pass (--model mlp)")
+deepspeed_args.add_argument("--gradient-clipping", type=float, default=1.0, help="max gradient norm (default: 1.0)")
+args = parser.parse_args()
+cfg = config_from_args(args)
+local_rank, ranks_here = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+try:
+    unsupported(cfg, Path(__file__).name, LEFT_OUT)
+    device = torch.device(node_device(cfg.device, ranks_here, torch.cuda.device_count(), local_rank))
+    precision = resolve_precision(cfg.precision, device)
+except (ValueError, PlacementError) as exc:
+    sys.exit(f"error: {exc}")
+
+deepspeed_env(use_gpu=device.type == "cuda")
+import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)
+
+deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                           timeout=timedelta(seconds=collective_timeout_s()))  # RANK, ... from torchrun or srun
+world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+
+torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
+model = build_model(cfg.model, meta.channels, meta.num_classes)
+if args.activation_checkpointing:
+    enable_activation_checkpointing(model)
+psi = count_parameters(model)
+config = ds_config(cfg, world, args.zero_stage, precision, args.offload_optimizer, args.gradient_clipping)
+engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(model, cfg, config_lr(cfg, world)),
+                                               config=config)
+dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)  # the engine's weights
+loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
+                     pin_memory=device.type == "cuda" and cfg.pin_memory, drop_last=True, seed=cfg.seed)
+val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
+
+losses, first_epoch = [], 0
+ckpt = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
+if ckpt and cfg.resume and (ckpt / "latest").exists():
+    _, client = engine.load_checkpoint(str(ckpt))  # every rank reads its own shard
+    mismatch = resume_mismatch(client["config"], cfg)
+    if mismatch:
+        sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+    first_epoch, losses = client["epoch"], client["losses"]
+    if rank == 0:  # the engine restored its step count with the state
+        print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
+
+grad_bytes = 0
+for epoch in range(first_epoch, cfg.epochs):
+    set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
+    engine.train()
+    meter, total, count = Throughput(device, untimed_steps=cfg.untimed_steps), 0.0, 0
+    meter.start()
+    for i, (x, y) in enumerate(loader):
+        if i == cfg.steps_per_epoch:
+            break
+        x, y = x.to(device, dtype, non_blocking=True), y.to(device, non_blocking=True)
+        meter.data_ready()
+        loss = torch.nn.functional.cross_entropy(engine(x).float(), y)
+        engine.backward(loss)  # reduces the gradients (stage 2-3: into each rank's shard)
+        grad_bytes = max(grad_bytes, zero_gradient_bytes(engine, optimizer))
+        engine.step()  # at the accumulation boundary: clip, optimizer step on this rank's shard, gather
+        meter.step_done(len(y))
+        total, count = total + loss.item(), count + 1
+    meter.stop()
+    losses.append(total / max(count, 1))
+    if rank == 0:
+        print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
+    if ckpt:
+        tag = f"epoch{epoch + 1}"
+        engine.save_checkpoint(str(ckpt), tag=tag, client_state={
+            "epoch": epoch + 1, "losses": losses, "config": asdict(cfg)})  # every rank writes its shard
+        torch.distributed.barrier()
+        if rank == 0:  # "latest" names the new one: the older ones can go
+            for old in ckpt.glob("epoch*"):
+                if old.name != tag:
+                    shutil.rmtree(old, ignore_errors=True)
+
+memory = zero_memory(engine, optimizer, grad_bytes)
+allocated = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None  # the model state, now
+consolidated_diff = None
+if ckpt and args.zero_stage > 0:  # zero_to_fp32: one plain fp32 state dict from the shards on disk
+    from deepspeed.utils import safe_get_full_fp32_param
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    full = {name: safe_get_full_fp32_param(p) for name, p in engine.module.named_parameters()}  # gathers
+    if rank == 0:
+        plain = get_fp32_state_dict_from_zero_checkpoint(str(ckpt))
+        consolidated_diff = max((plain[name].float() - full[name].cpu()).abs().max().item() for name in full)
+    torch.distributed.barrier()
+
+val_loss, val_acc = evaluate(engine.module, val_loader, device, precision)
+with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # stage 3: whole weights to compare
+    agree = ranks_agree(engine.module)
+emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(), "ranks_agree": agree,
+             "device": str(device), "precision": precision, "zero_stage": args.zero_stage,
+             "offload_optimizer": args.offload_optimizer, "activation_checkpointing": args.activation_checkpointing,
+             "epochs": cfg.epochs, "global_step": engine.global_steps, "train_loss": losses, "val_loss": val_loss,
+             "val_acc": val_acc, "images_per_s_per_rank": meter.images_per_s, "psi": psi, "memory": memory,
+             "theory": zero_theory(psi, world, args.zero_stage, precision, cfg.optimizer, cfg.momentum),
+             "collectives_per_step": collectives_per_step(max(engine.global_steps, 1)),
+             "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated,
+             "peak_memory_mib": peak_memory_mib(device)})
+torch.distributed.barrier()
+del engine, optimizer
+gc.collect()
+torch.distributed.destroy_process_group()

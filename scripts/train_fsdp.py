@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""The course's training run under PyTorch's FSDP2 (`fully_shard`, notebook 07): the run of
+train_deepspeed.py --zero-stage 3 without DeepSpeed, and the bytes each rank holds measured.
+
+    torchrun --standalone --nproc-per-node=2 scripts/train_fsdp.py --model mlp --optimizer adamw \\
+        --lr 1e-3 --precision bf16
+
+Each block of the model (each element of a ModuleList, each other child with weights) becomes a
+unit whose weights are gathered just before it runs and freed after; every rank keeps a 1/N shard
+in fp32 (the master copy), computes in bf16 and reduces gradients in fp32.
+--no-reshard-after-forward keeps the gathered weights from the forward to the backward pass (one
+all-gather less per step, more memory: ZeRO-2's trade). Launch with torchrun or srun.
+"""
+
+import argparse
+import gc
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from course_utils.config import add_config_args, config_from_args, unsupported
+from course_utils.data import get_datasets, make_loader, set_epoch
+from course_utils.devices import PlacementError, node_device
+from course_utils.dist import collective_timeout_s, ranks_agree, ranks_per_host
+from course_utils.hardware import peak_memory_mib
+from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
+from course_utils.precision import resolve_precision
+from course_utils.results import emit_result
+from course_utils.sharding import fsdp_gradient_bytes, fsdp_memory
+from course_utils.timing import Throughput
+from course_utils.trainer import config_lr, evaluate, make_optimizer
+
+LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile", "bucket_cap_mb",
+            "grad_as_bucket_view", "ckpt_dir", "ckpt_every_steps", "log_dir"}
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+add_config_args(parser)
+fsdp_args = parser.add_argument_group("fsdp")
+fsdp_args.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
+                       help="free the gathered weights after the forward pass (default: yes)")
+fsdp_args.add_argument("--activation-checkpointing", action="store_true",
+                       help="recompute activations in the backward pass (--model mlp)")
+fsdp_args.add_argument("--gradient-clipping", type=float, default=1.0, help="max gradient norm (default: 1.0)")
+args = parser.parse_args()
+cfg = config_from_args(args)
+local_rank, ranks_here = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+try:
+    unsupported(cfg, Path(__file__).name, LEFT_OUT)
+    device = torch.device(node_device(cfg.device, ranks_here, torch.cuda.device_count(), local_rank))
+    precision = resolve_precision(cfg.precision, device)
+    if precision == "fp16":
+        raise ValueError("train_fsdp.py trains in fp32 or bf16 (fp16 needs a sharded gradient scaler): use --precision bf16")
+except (ValueError, PlacementError) as exc:
+    sys.exit(f"error: {exc}")
+
+if device.type == "cuda":
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if device.type == "cuda" else "gloo",  # RANK, ... from torchrun or srun
+                        timeout=timedelta(seconds=collective_timeout_s()))
+world, rank = dist.get_world_size(), dist.get_rank()
+mesh = init_device_mesh(device.type, (world,))  # the ranks the weights are sharded across
+
+torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
+train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
+model = build_model(cfg.model, meta.channels, meta.num_classes).to(device)
+if args.activation_checkpointing:
+    enable_activation_checkpointing(model)
+psi = count_parameters(model)
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=torch.float32)
+units = [m for child in model.children() for m in (child if isinstance(child, nn.ModuleList) else [child])]
+for unit in units:
+    if any(True for _ in unit.parameters()):
+        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
+fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
+optimizer = make_optimizer(model, cfg, config_lr(cfg, world))  # on the shards: each rank steps its 1/N
+loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
+                     pin_memory=device.type == "cuda" and cfg.pin_memory, drop_last=True, seed=cfg.seed)
+val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
+
+losses, step, grad_bytes = [], 0, 0
+for epoch in range(cfg.epochs):
+    set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
+    model.train()
+    meter, total, count = Throughput(device, untimed_steps=cfg.untimed_steps), 0.0, 0
+    meter.start()
+    for i, (x, y) in enumerate(loader):
+        if i == cfg.steps_per_epoch:
+            break
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        meter.data_ready()
+        boundary = (i + 1) % cfg.grad_accum == 0
+        model.set_requires_gradient_sync(boundary)  # accumulate locally, reduce-scatter on the last micro-batch
+        loss = nn.functional.cross_entropy(model(x).float(), y)  # inputs cast to bf16 by the policy
+        (loss / cfg.grad_accum).backward()  # gathers each unit's weights again, reduce-scatters its gradients
+        grad_bytes = max(grad_bytes, fsdp_gradient_bytes(model))
+        if boundary:
+            if args.gradient_clipping:
+                nn.utils.clip_grad_norm_(model.parameters(), args.gradient_clipping)  # the norm over all shards
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+        meter.step_done(len(y))
+        total, count = total + loss.item(), count + 1
+    meter.stop()
+    losses.append(total / max(count, 1))
+    if rank == 0:
+        print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
+
+memory = fsdp_memory(model, optimizer, grad_bytes)
+allocated = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
+val_loss, val_acc = evaluate(model, val_loader, device)  # the policy casts to bf16 already
+for unit in model.modules():  # without --reshard-after-forward the last forward left the weights gathered
+    if isinstance(unit, FSDPModule):
+        unit.reshard()
+whole = nn.ParameterList(nn.Parameter(p.full_tensor()) for p in model.parameters())  # gathered: compare
+emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
+             "ranks_agree": ranks_agree(whole), "device": str(device), "precision": precision,
+             "reshard_after_forward": args.reshard_after_forward,
+             "activation_checkpointing": args.activation_checkpointing, "epochs": cfg.epochs, "global_step": step,
+             "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
+             "images_per_s_per_rank": meter.images_per_s, "psi": psi, "memory": memory, "allocated_mib": allocated,
+             "peak_memory_mib": peak_memory_mib(device)})
+dist.barrier()
+del model, optimizer, whole
+gc.collect()
+dist.destroy_process_group()
