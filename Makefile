@@ -31,6 +31,8 @@ $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.jso
 	# JupyterLab's defaults for this environment: no news prompt, no update check
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	cp envs/jupyterlab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	# DeepSpeed builds some C++ ops on first use: build them once here, not in every notebook and test
+	$(PY) -c 'from course_utils.sharding import warm_deepspeed_ops; warm_deepspeed_ops()'
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -30,6 +30,7 @@ from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
+from course_utils.rng import rng_state, set_rng_state
 from course_utils.sharding import (collectives_per_step, deepspeed_env, ds_config, zero_gradient_bytes, zero_memory,
                                    zero_theory)
 from course_utils.timing import Throughput
@@ -85,6 +86,7 @@ if ckpt and cfg.resume and (ckpt / "latest").exists():
     if mismatch:
         sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
     first_epoch, losses = client["epoch"], client["losses"]
+    set_rng_state(client["rng"])  # augmentation draws from it: the next epoch sees the same images
     if rank == 0:  # the engine restored its step count with the state
         print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
 
@@ -112,7 +114,7 @@ for epoch in range(first_epoch, cfg.epochs):
     if ckpt:
         tag = f"epoch{epoch + 1}"
         engine.save_checkpoint(str(ckpt), tag=tag, client_state={
-            "epoch": epoch + 1, "losses": losses, "config": asdict(cfg)})  # every rank writes its shard
+            "epoch": epoch + 1, "losses": losses, "config": asdict(cfg), "rng": rng_state()})  # each rank its shard
         torch.distributed.barrier()
         if rank == 0:  # "latest" names the new one: the older ones can go
             for old in ckpt.glob("epoch*"):

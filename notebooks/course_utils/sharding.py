@@ -191,3 +191,19 @@ def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
     state = [_local(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
     return {"params": _nbytes(_local(p) for p in model.parameters()), "gradients": gradient_bytes,
             "optimizer": _nbytes(state), "optimizer_device": ",".join(sorted({t.device.type for t in state}))}
+
+
+def warm_deepspeed_ops() -> None:
+    """Build the C++ ops DeepSpeed compiles on first use on this machine, once per environment
+    (``make setup`` runs this, so that no notebook or test pays the build, and no two ranks race for it).
+    Here that is the CPU accelerator's shared-memory collectives; a GPU node builds nothing."""
+    import torch
+
+    deepspeed_env(use_gpu=torch.cuda.is_available())
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        builder.load(verbose=False)
+        print(f"DeepSpeed's {builder.NAME} op is built in {os.environ['TORCH_EXTENSIONS_DIR']}")
