@@ -31,8 +31,14 @@ from course_utils.models import build_model, count_parameters, enable_activation
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
 from course_utils.rng import rng_state, set_rng_state
-from course_utils.sharding import (collectives_per_step, deepspeed_env, ds_config, zero_gradient_bytes, zero_memory,
-                                   zero_theory)
+from course_utils.sharding import (
+    collectives_per_step,
+    deepspeed_env,
+    ds_config,
+    zero_gradient_bytes,
+    zero_memory,
+    zero_theory,
+)
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 

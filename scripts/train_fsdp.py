@@ -55,7 +55,8 @@ try:
     device = torch.device(node_device(cfg.device, ranks_here, torch.cuda.device_count(), local_rank))
     precision = resolve_precision(cfg.precision, device)
     if precision == "fp16":
-        raise ValueError("train_fsdp.py trains in fp32 or bf16 (fp16 needs a sharded gradient scaler): use --precision bf16")
+        raise ValueError("train_fsdp.py trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): "
+                         "use --precision bf16")
 except (ValueError, PlacementError) as exc:
     sys.exit(f"error: {exc}")
 
