@@ -109,6 +109,8 @@ def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload:
         # the course's own optimizer (make_optimizer) runs on the offloaded state, where DeepSpeed
         # would otherwise insist on its CPU Adam (a C++ op built on first use)
         "zero_force_ds_cpu_optimizer": False,
+        # ZeRO was tested by DeepSpeed with Adam-like optimizers; the course's SGD works too, when allowed
+        "zero_allow_untested_optimizer": True,
         # counts every collective DeepSpeed calls (read back by collectives_per_step)
         "comms_logger": {"enabled": True, "verbose": False, "prof_all": True, "debug": False},
         "steps_per_print": 10**9,  # the course prints its own progress
