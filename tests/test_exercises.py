@@ -144,3 +144,32 @@ def test_optimizer_steps_checker(wrong):
     exercises.check_optimizer_steps(solutions.optimizer_steps, MEASURED_STEPS)
     with pytest.raises(WrongAnswer):
         exercises.check_optimizer_steps(wrong, MEASURED_STEPS)
+
+
+PSI = 3_946_506
+MEASURED_STAGES = [{"zero_stage": s, "psi": PSI, "world_size": 2, "measured_bytes": b}
+                   for s, b in ((0, 16 * PSI), (1, 10 * PSI + 12), (2, 9 * PSI + 14), (3, 8 * PSI))]
+
+
+def _first_fit(per_param):
+    """A wrong smallest_stage built from other bytes per parameter: (unsharded, sharded) by stage."""
+    def smallest(psi, ranks, gpu_bytes):
+        for stage, (whole, sharded) in enumerate(per_param):
+            if whole * psi + sharded * psi / ranks <= gpu_bytes:
+                return stage
+        return None
+    return smallest
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda psi, ranks, gpu: 3,                                  # always shard everything
+    _first_fit([(16, 0), (16, 0), (16, 0), (16, 0)]),           # sharding ignored
+    _first_fit([(12, 0), (4, 8), (2, 10), (0, 12)]),            # no fp32 master copy (8 bytes of Adam state)
+    _first_fit([(16, 0), (8, 8), (4, 12), (0, 16)]),            # fp32 weights and gradients (4 + 4 + 8)
+    lambda psi, ranks, gpu: next((s for s in (3, 2, 1, 0)       # the highest stage that fits
+                                  if solutions.smallest_stage(psi, ranks, gpu) is not None), None),
+])
+def test_smallest_stage_checker(wrong):
+    exercises.check_smallest_stage(solutions.smallest_stage, MEASURED_STAGES)
+    with pytest.raises(WrongAnswer):
+        exercises.check_smallest_stage(wrong, MEASURED_STAGES)

@@ -223,8 +223,38 @@ def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: 
     passed("one epoch: whole batches of each rank's slice, one step per grad-accum of them, the last one included")
 
 
+# (parameters, ranks, GPU bytes) -> the smallest ZeRO stage whose model states fit: FT3's A100-40GB,
+# 2 per node, on 1, 2 and 8 nodes, and a model too large for any stage
+STAGE_CASES = {(1_500_000_000, 2, 40e9): 0, (3_000_000_000, 2, 40e9): 1, (6_000_000_000, 4, 40e9): 2,
+               (20_000_000_000, 16, 40e9): 3, (70_000_000_000, 8, 40e9): None, (7_000_000_000, 1, 80e9): None}
+
+
+def check_smallest_stage(smallest: Callable[[int, int, float], int | None],
+                         measured: Sequence[Mapping[str, Any]]) -> None:
+    """``smallest(psi, ranks, gpu_bytes)``: the lowest ZeRO stage whose params, gradients and Adam
+    state (mixed precision) fit in ``gpu_bytes`` per rank, or None. Judged first against the runs:
+    given exactly the bytes stage k measured per rank, the answer is stage k (a lower stage does not
+    fit in them, stage k does); then against FT3-sized cases."""
+    for row in sorted(measured, key=lambda r: r["zero_stage"]):
+        got = smallest(row["psi"], row["world_size"], row["measured_bytes"])
+        if got != row["zero_stage"]:
+            raise WrongAnswer(f"{row['psi']:,} parameters on {row['world_size']} ranks with {row['measured_bytes']:,} "
+                              f"bytes each (what stage {row['zero_stage']} measured per rank): you say stage {got}. "
+                              "Bytes per parameter: 2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master, "
+                              "two Adam moments); stage 1 divides the 12 by the ranks, stage 2 also the gradients' "
+                              "2, stage 3 also the weights' 2")
+    for (psi, ranks, gpu), want in STAGE_CASES.items():
+        got = smallest(psi, ranks, gpu)
+        if got != want:
+            raise WrongAnswer(f"right for the runs here, but {psi / 1e9:g} B parameters on {ranks} rank(s) of "
+                              f"{gpu / 1e9:g} GB: you say {got}, the answer is {want} (the lowest stage that fits "
+                              "communicates least; None when even stage 3 does not fit)")
+    passed("the lowest stage that fits: stage 0 when 16 bytes per parameter fit, else shard the optimizer, "
+           "the gradients, the weights, in that order")
+
+
 __all__ = [
     "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_optimizer_steps",
-    "check_ring_bytes", "check_small_files_plan", "check_srun_request", "check_strong_efficiency", "exercise",
-    "solutions_enabled",
+    "check_ring_bytes", "check_small_files_plan", "check_smallest_stage", "check_srun_request",
+    "check_strong_efficiency", "exercise", "solutions_enabled",
 ]

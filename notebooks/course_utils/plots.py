@@ -27,6 +27,27 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title
     return fig
 
 
+def stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ylabel: str, title: str,
+                 marks: Sequence[float] | None = None, mark_label: str = "theory"):
+    """One bar per label, stacked from ``parts`` (name -> a value per label); ``marks`` draws a
+    tick per bar (what the theory predicts for the whole bar)."""
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    x = list(range(len(labels)))
+    bottom = [0.0] * len(labels)
+    for name, values in parts.items():
+        ax.bar(x, values, bottom=bottom, label=name, width=0.6)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    if marks is not None:
+        ax.scatter(x, marks, marker="_", s=900, color="black", linewidths=2, label=mark_label, zorder=3)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def line_chart(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, ylabel: str,
                title: str, logx: bool = False, logy: bool = False):
     fig, ax = plt.subplots(figsize=(6, 3.6))

@@ -144,10 +144,17 @@ _MASTER_ATTRS = ("fp32_groups", "single_partition_of_fp32_groups", "fp32_partiti
 
 def zero_gradient_bytes(engine: Any, optimizer: Any) -> int:
     """Bytes of gradients this rank holds after ``engine.backward`` (before ``engine.step``): the
-    weights' ``.grad`` where they are kept whole, the partition ZeRO reduced them into where not."""
+    weights' ``.grad`` where they are kept whole, the partition ZeRO reduced them into where not
+    (with offload: the ``.grad`` of the fp32 shard in CPU memory)."""
     grads = [p.grad for p in engine.module.parameters()]
     grads += _tensors_in(getattr(optimizer, "averaged_gradients", None))
+    # with the optimizer offloaded, the reduced gradients go straight to its fp32 shard on the CPU
+    grads += [t.grad for t in _masters(optimizer)]
     return _nbytes(grads)
+
+
+def _masters(optimizer: Any) -> list[torch.Tensor]:
+    return next((_tensors_in(getattr(optimizer, a)) for a in _MASTER_ATTRS if hasattr(optimizer, a)), [])
 
 
 def zero_memory(engine: Any, optimizer: Any, gradient_bytes: int) -> dict[str, Any]:
@@ -160,7 +167,7 @@ def zero_memory(engine: Any, optimizer: Any, gradient_bytes: int) -> dict[str, A
     params = _nbytes(getattr(p, "ds_tensor", p) for p in engine.module.parameters())
     inner = getattr(optimizer, "optimizer", optimizer)
     state = [t for s in inner.state.values() for t in _tensors_in(s) if t.dim() > 0]  # not step counters
-    masters = next((_tensors_in(getattr(optimizer, a)) for a in _MASTER_ATTRS if hasattr(optimizer, a)), [])
+    masters = _masters(optimizer)
     where = {t.device.type for t in state + masters} or {"none"}
     return {"params": params, "gradients": gradient_bytes, "optimizer": _nbytes(state + masters),
             "optimizer_device": ",".join(sorted(where))}

@@ -41,3 +41,11 @@ def srun_request(nodes: int, gpus_per_node: int, cores_per_node: int) -> dict[st
 def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
     batches = n_train // world_size // batch_size  # each rank's slice, whole batches only (drop_last)
     return math.ceil(batches / grad_accum)  # the last accumulation steps even when it is short
+
+
+def smallest_stage(psi: int, ranks: int, gpu_bytes: float) -> int | None:
+    for stage in range(4):
+        sharded = {1: 12, 2: 14, 3: 16}.get(stage, 0)  # bytes per parameter divided across the ranks
+        if (16 - sharded) * psi + sharded * psi / ranks <= gpu_bytes:
+            return stage
+    return None
