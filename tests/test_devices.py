@@ -95,3 +95,17 @@ def test_plan_demo(wanted, gpus, minimum, fallback, expected):
     assert (plan.nproc, plan.device, plan.backend) == expected
     assert bool(plan.note) == (0 < gpus < wanted), "a note exactly when the plan differs from the request"
     assert plan.nproc <= gpus or plan.device == "cpu", "never more GPU ranks than GPUs"
+
+
+def test_a_node_runs_all_its_ranks_on_gpus_or_all_on_the_cpu():
+    from course_utils.devices import node_device
+
+    assert [node_device("auto", 2, 2, r) for r in range(2)] == ["cuda:0", "cuda:1"]
+    # a 1-GPU session asked for 2 ranks: both on the CPU, never one on NCCL and one on gloo
+    assert [node_device("auto", 2, 1, r) for r in range(2)] == ["cpu", "cpu"]
+    assert node_device("cpu", 1, 4, 0) == "cpu"
+    assert node_device("auto", 1, 0, 0) == "cpu"
+    with pytest.raises(PlacementError, match="2 ranks on this node but 1 GPU"):
+        node_device("cuda", 2, 1, 0)
+    with pytest.raises(ValueError, match="unknown device"):
+        node_device("gpu", 1, 1, 0)
