@@ -13,7 +13,6 @@ from a hostfile, which many clusters forbid. The optimizer is the course's (--op
 
 import argparse
 import gc
-import os
 import shutil
 import sys
 from dataclasses import asdict
@@ -22,19 +21,19 @@ from pathlib import Path
 
 import torch
 
-from course_utils.config import add_config_args, config_from_args, resume_mismatch, unsupported
+from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.devices import PlacementError, node_device
 from course_utils.dist import collective_timeout_s, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
-from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
 from course_utils.rng import rng_state, set_rng_state
 from course_utils.sharding import (
+    add_sharding_args,
     collectives_per_step,
     deepspeed_env,
     ds_config,
+    rank_device_and_precision,
     zero_gradient_bytes,
     zero_memory,
     zero_theory,
@@ -46,22 +45,13 @@ LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compil
             "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 add_config_args(parser)
-deepspeed_args = parser.add_argument_group("deepspeed")
+deepspeed_args = add_sharding_args(parser, "deepspeed")
 deepspeed_args.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=2, help="(default: 2)")
 deepspeed_args.add_argument("--offload-optimizer", action="store_true",
                             help="keep the fp32 master weights and the optimizer's moments in CPU memory")
-deepspeed_args.add_argument("--activation-checkpointing", action="store_true",
-                            help="recompute activations in the backward pass (--model mlp)")
-deepspeed_args.add_argument("--gradient-clipping", type=float, default=1.0, help="max gradient norm (default: 1.0)")
 args = parser.parse_args()
 cfg = config_from_args(args)
-local_rank, ranks_here = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-try:
-    unsupported(cfg, Path(__file__).name, LEFT_OUT)
-    device = torch.device(node_device(cfg.device, ranks_here, torch.cuda.device_count(), local_rank))
-    precision = resolve_precision(cfg.precision, device)
-except (ValueError, PlacementError) as exc:
-    sys.exit(f"error: {exc}")
+device, precision = rank_device_and_precision(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
 
 deepspeed_env(use_gpu=device.type == "cuda")
 import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)

@@ -14,7 +14,6 @@ all-gather less per step, more memory: ZeRO-2's trade). Launch with torchrun or 
 
 import argparse
 import gc
-import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -25,15 +24,13 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from course_utils.config import add_config_args, config_from_args, unsupported
+from course_utils.config import add_config_args, config_from_args
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.devices import PlacementError, node_device
 from course_utils.dist import collective_timeout_s, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
-from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
-from course_utils.sharding import fsdp_gradient_bytes, fsdp_memory
+from course_utils.sharding import add_sharding_args, fsdp_gradient_bytes, fsdp_memory, rank_device_and_precision
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 
@@ -41,24 +38,15 @@ LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compil
             "grad_as_bucket_view", "ckpt_dir", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 add_config_args(parser)
-fsdp_args = parser.add_argument_group("fsdp")
+fsdp_args = add_sharding_args(parser, "fsdp")
 fsdp_args.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                        help="free the gathered weights after the forward pass (default: yes)")
-fsdp_args.add_argument("--activation-checkpointing", action="store_true",
-                       help="recompute activations in the backward pass (--model mlp)")
-fsdp_args.add_argument("--gradient-clipping", type=float, default=1.0, help="max gradient norm (default: 1.0)")
 args = parser.parse_args()
 cfg = config_from_args(args)
-local_rank, ranks_here = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-try:
-    unsupported(cfg, Path(__file__).name, LEFT_OUT)
-    device = torch.device(node_device(cfg.device, ranks_here, torch.cuda.device_count(), local_rank))
-    precision = resolve_precision(cfg.precision, device)
-    if precision == "fp16":
-        raise ValueError("train_fsdp.py trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): "
-                         "use --precision bf16")
-except (ValueError, PlacementError) as exc:
-    sys.exit(f"error: {exc}")
+device, precision = rank_device_and_precision(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
+if precision == "fp16":
+    sys.exit("error: train_fsdp.py trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): "
+             "use --precision bf16")
 
 if device.type == "cuda":
     torch.cuda.set_device(device)

@@ -91,3 +91,18 @@ def test_fsdp2_shards_like_zero3_and_learns_the_same(zero_runs):
         sum(zero3["theory"].values()), abs=3 * PADDING_BYTES), "16 bytes per parameter over N ranks, as ZeRO-3"
     assert result["ranks_agree"] and result["global_step"] == zero3["global_step"]
     assert result["val_loss"] == pytest.approx(zero3["val_loss"], rel=0.05), "the same run, sharded by another tool"
+
+
+def test_one_process_without_a_launcher_and_one_line_errors():
+    """`python scripts/train_deepspeed.py` is a group of one (DeepSpeed alone would look for MPI);
+    a flag the script cannot honour stops it before DeepSpeed starts, in one line."""
+    tiny = ["--model", "mlp", "--epochs", "1", "--n-train", "64", "--n-val", "32", "--batch-size", "16",
+            "--workers", "0", "--no-progress", "--zero-stage", "1"]
+    result = parse_result(run_script("train_deepspeed.py", tiny, env=ONE_THREAD, timeout_s=300, echo=False).output)
+    assert result["world_size"] == 1 and result["global_step"] == 4
+    for script, flags, says in (("train_deepspeed.py", ["--model", "cnn", "--activation-checkpointing"], "--model mlp"),
+                                ("train_fsdp.py", ["--log-dir", "tb"], "does not implement --log-dir")):
+        with pytest.raises(LaunchError) as refused:
+            run_script(script, flags, env=ONE_THREAD, timeout_s=120, echo=False)
+        assert refused.value.result.output.strip().splitlines()[-1].startswith("error: ") and says in \
+            refused.value.result.output

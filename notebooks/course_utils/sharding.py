@@ -15,6 +15,7 @@ What a rank holds is measured from the tensors DeepSpeed and FSDP2 keep (:func:`
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from .config import TrainConfig
+from .models import CHECKPOINTABLE
 
 STAGES = (0, 1, 2, 3)
 PARTS = ("params", "gradients", "optimizer")
@@ -66,15 +68,53 @@ def comm_theory(psi: int, ranks: int, stage: int, precision: str = "bf16") -> fl
 
 
 # --------------------------------------------------------------------------- #
+# What train_deepspeed.py and train_fsdp.py share
+# --------------------------------------------------------------------------- #
+def add_sharding_args(parser: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """A flag group ``title`` with the options both sharded scripts take; the caller adds its own."""
+    group = parser.add_argument_group(title)
+    group.add_argument("--activation-checkpointing", action="store_true",
+                       help="recompute activations in the backward pass (--model mlp)")
+    group.add_argument("--gradient-clipping", type=float, default=1.0, help="max gradient norm (default: 1.0)")
+    return group
+
+
+def rank_device_and_precision(cfg: TrainConfig, script: str, left_out: set[str],
+                              activation_checkpointing: bool = False) -> tuple[torch.device, str]:
+    """This rank's device (``devices.node_device``) and precision; one line and exit 1 when ``cfg``
+    asks for what ``script`` leaves out, for a layout the node cannot hold, or for activation
+    checkpointing of a model not written for it."""
+    from .config import unsupported
+    from .devices import PlacementError, node_device
+    from .precision import resolve_precision
+
+    try:
+        unsupported(cfg, script, left_out)
+        if activation_checkpointing and cfg.model not in CHECKPOINTABLE:
+            raise ValueError(f"--activation-checkpointing is written for --model {' or '.join(CHECKPOINTABLE)}")
+        device = torch.device(node_device(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                                          torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", 0))))
+        return device, resolve_precision(cfg.precision, device)
+    except (ValueError, PlacementError) as exc:
+        sys.exit(f"error: {exc}")
+
+
+# --------------------------------------------------------------------------- #
 # DeepSpeed
 # --------------------------------------------------------------------------- #
 def deepspeed_env(use_gpu: bool) -> None:
-    """Set, before ``import deepspeed``: the accelerator (DeepSpeed picks it when imported) and where
-    its C++ ops are built: once per Python environment (``sys.prefix/torch_extensions``), not in a
-    home folder shared by every environment and every torch version."""
+    """Set, before ``import deepspeed``: the accelerator (DeepSpeed picks it when imported), where
+    its C++ ops are built (once per Python environment, ``sys.prefix/torch_extensions``, not in a
+    home folder shared by every environment and torch version), and outside a launcher the
+    variables of a one-process group."""
     if not use_gpu:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    if "WORLD_SIZE" not in os.environ:  # plain `python script.py`: a group of one (DeepSpeed would look for MPI)
+        from .dist import free_port
+
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
 
 
 def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload: bool = False,
