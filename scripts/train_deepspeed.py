@@ -53,6 +53,8 @@ args = parser.parse_args()
 cfg = config_from_args(args)
 device, precision = rank_device_and_precision(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
 
+if device.type == "cuda":
+    torch.cuda.set_device(device)  # before DeepSpeed allocates anything: this rank's GPU, not GPU 0
 deepspeed_env(use_gpu=device.type == "cuda")
 import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)
 
