@@ -80,15 +80,16 @@ losses, first_epoch = [], 0
 ckpt = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
 if ckpt and cfg.resume and (ckpt / "latest").exists():
     _, client = engine.load_checkpoint(str(ckpt))  # every rank reads its own shard
-    mismatch = resume_mismatch(client["config"], cfg)
+    mismatch = resume_mismatch(client.get("config", {}), cfg)
     if mismatch:
         sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
-    first_epoch, losses = client["epoch"], client["losses"]
-    set_rng_state(client["rng"])  # augmentation draws from it: the next epoch sees the same images
+    first_epoch, losses = client.get("epoch", 0), client.get("losses", [])
+    if "rng" in client:  # augmentation draws from it: the next epoch sees the same images
+        set_rng_state(client["rng"])
     if rank == 0:  # the engine restored its step count with the state
         print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
 
-grad_bytes = 0
+grad_bytes, images_per_s = 0, None  # (None: every epoch was done before this run)
 for epoch in range(first_epoch, cfg.epochs):
     set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
     engine.train()
@@ -107,8 +108,9 @@ for epoch in range(first_epoch, cfg.epochs):
         total, count = total + loss.item(), count + 1
     meter.stop()
     losses.append(total / max(count, 1))
+    images_per_s = meter.images_per_s
     if rank == 0:
-        print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
+        print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {images_per_s:,.0f} images/s", flush=True)
     if ckpt:
         tag = f"epoch{epoch + 1}"
         engine.save_checkpoint(str(ckpt), tag=tag, client_state={
@@ -139,7 +141,7 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks
              "device": str(device), "precision": precision, "zero_stage": args.zero_stage,
              "offload_optimizer": args.offload_optimizer, "activation_checkpointing": args.activation_checkpointing,
              "epochs": cfg.epochs, "global_step": engine.global_steps, "train_loss": losses, "val_loss": val_loss,
-             "val_acc": val_acc, "images_per_s_per_rank": meter.images_per_s, "psi": psi, "memory": memory,
+             "val_acc": val_acc, "images_per_s_per_rank": images_per_s, "psi": psi, "memory": memory,
              "theory": zero_theory(psi, world, args.zero_stage, precision, cfg.optimizer, cfg.momentum),
              "collectives_per_step": collectives_per_step(max(engine.global_steps, 1)),
              "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated,
