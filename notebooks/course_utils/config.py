@@ -73,7 +73,8 @@ class TrainConfig:
                           "the optimizer state notebook 07 shards; try --lr 1e-3)", choices=OPTIMIZERS,
                           same_on_resume=True)
     momentum: float = knob(0.9, "training", "SGD momentum", minimum=0, same_on_resume=True)
-    weight_decay: float = knob(5e-4, "training", "SGD weight decay", minimum=0)
+    weight_decay: float = knob(5e-4, "training", "weight decay (SGD: an L2 term in the gradient; AdamW: decoupled)",
+                               minimum=0)
     grad_accum: int = knob(1, "training", "micro-batches per optimiser step", minimum=1,
                            same_on_resume=True)
     scale_lr: bool = knob(False, "training", "linear scaling rule: lr x world size x grad-accum",

@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
-from .config import TrainConfig
+from .config import TrainConfig, unsupported
+from .devices import PlacementError, node_device
 from .models import CHECKPOINTABLE
+from .precision import resolve_precision
 
 STAGES = (0, 1, 2, 3)
 PARTS = ("params", "gradients", "optimizer")
@@ -84,10 +86,6 @@ def rank_device_and_precision(cfg: TrainConfig, script: str, left_out: set[str],
     """This rank's device (``devices.node_device``) and precision; one line and exit 1 when ``cfg``
     asks for what ``script`` leaves out, for a layout the node cannot hold, or for activation
     checkpointing of a model not written for it."""
-    from .config import unsupported
-    from .devices import PlacementError, node_device
-    from .precision import resolve_precision
-
     try:
         unsupported(cfg, script, left_out)
         if activation_checkpointing and cfg.model not in CHECKPOINTABLE:
