@@ -173,3 +173,19 @@ def test_smallest_stage_checker(wrong):
     exercises.check_smallest_stage(solutions.smallest_stage, MEASURED_STAGES)
     with pytest.raises(WrongAnswer):
         exercises.check_smallest_stage(wrong, MEASURED_STAGES)
+
+
+MEASURED_PACKING = [{"nodes": 1, "cpus": 2, "gpus": 0, "trial_cpus": 1, "trial_gpus": 0, "most_at_once": 2}]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda n, c, g, tc, tg: int(n * c // tc),                                    # GPUs ignored
+    lambda n, c, g, tc, tg: int(min(n * c // tc, n * g // tg if tg else 10**9)),  # fractions spread over GPUs
+    lambda n, c, g, tc, tg: int(min(n * c // tc, (n * g // tg) if tg else n * c // tc)) if n > 1
+    else solutions.trials_at_once(n, c, g, tc, tg),                              # nodes pooled into one
+    lambda n, c, g, tc, tg: int(n * (g // tg if tg else c // tc)),                # CPUs ignored when GPUs asked
+])
+def test_trials_at_once_checker(wrong):
+    exercises.check_trials_at_once(solutions.trials_at_once, MEASURED_PACKING)
+    with pytest.raises(WrongAnswer):
+        exercises.check_trials_at_once(wrong, MEASURED_PACKING)

@@ -23,6 +23,7 @@ Modules (import what you need)::
     paths       REPO_ROOT and the scripts folder
     storage     one large file vs many small files, per storage folder
     plots       the course's figures
+    tuning      Ray Tune around the Trainer (notebook 08, scripts/tune.py)
 """
 
 from .sizing import current_profile, pick

@@ -253,8 +253,36 @@ def check_smallest_stage(smallest: Callable[[int, int, float], int | None],
            "the gradients, the weights, in that order")
 
 
+# (nodes, CPUs and GPUs per node, CPUs and GPUs per trial) -> trials Ray runs at once: FT3 (2 A100, 64 cores)
+# and Frontera's rtx nodes (4 GPUs, 16 cores)
+PACKING_CASES = {(2, 64, 2, 4, 0.5): 8, (2, 64, 2, 4, 0.4): 8, (1, 16, 4, 8, 0.25): 2, (3, 64, 2, 1, 1): 6,
+                 (2, 3, 0, 2, 0): 2, (2, 64, 2, 8, 2): 2, (1, 16, 4, 4, 0.3): 4, (4, 16, 4, 2, 0): 32}
+
+
+def check_trials_at_once(at_once: Callable[[int, float, float, float, float], int],
+                         measured: Sequence[Mapping[str, float]]) -> None:
+    """``at_once(nodes, node_cpus, node_gpus, trial_cpus, trial_gpus)``: how many trials Ray runs at the
+    same time. Judged first against the searches of this run (the most trials seen training at once),
+    then against FT3- and Frontera-sized cases."""
+    for row in measured:
+        args = (row["nodes"], row["cpus"], row["gpus"], row["trial_cpus"], row["trial_gpus"])
+        got = at_once(*args)
+        if got != row["most_at_once"]:
+            raise WrongAnswer(f"{row['nodes']:g} node(s) of {row['cpus']:g} CPUs and {row['gpus']:g} GPUs, trials of "
+                              f"{row['trial_cpus']:g} CPU and {row['trial_gpus']:g} GPU: you say {got}, and this run "
+                              f"saw {row['most_at_once']:g} trials training at once")
+    for args, want in PACKING_CASES.items():
+        got = at_once(*args)
+        if got != want:
+            raise WrongAnswer(f"right for this run, but {args[0]} node(s) of {args[1]} CPUs and {args[2]} GPUs with "
+                              f"trials of {args[3]} CPU and {args[4]} GPU: you say {got}, Ray runs {want}. Ray packs "
+                              "each node on its own, the scarcer resource decides, and a fraction of a GPU never "
+                              "spans two GPUs")
+    passed("per node, the scarcer of CPUs and GPUs decides; a 0.4-GPU trial fits twice on a GPU, not 2.5 times")
+
+
 __all__ = [
     "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_optimizer_steps",
     "check_ring_bytes", "check_small_files_plan", "check_smallest_stage", "check_srun_request",
-    "check_strong_efficiency", "exercise", "solutions_enabled",
+    "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
 ]

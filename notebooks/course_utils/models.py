@@ -12,39 +12,40 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 MODELS = ("cnn", "cnn-gn", "resnet18", "mlp")
-CHECKPOINTABLE = ("mlp",)  # models written for activation checkpointing
+CHECKPOINTABLE = ("mlp",)
+NORMS = ("batch", "group", "none")  # models written for activation checkpointing
 
 
 class SmallCNN(nn.Module):
-    """Two conv blocks and a linear head; works for 1x28x28 and 3x32x32.
+    """Convolutions (``depth`` of them, 3 by default), then a linear head; works for 1x28x28 and 3x32x32.
 
-    No dropout: the course compares runs parameter by parameter, and dropout
-    would make two equivalent runs differ for reasons that are not the lesson.
+    ``width``, ``depth`` and ``norm`` (batch, group or none) are what notebook 08's architecture
+    search varies; the defaults are the course's ``cnn``. No dropout: the course compares runs
+    parameter by parameter, and dropout would make two equivalent runs differ for reasons that are not the lesson.
     """
 
     def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 32,
-                 norm: str = "batch") -> None:
+                 norm: str = "batch", depth: int = 3) -> None:
         super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm must be one of: {', '.join(NORMS)} (got {norm!r})")
+        if depth < 2 or width % 8:
+            raise ValueError(f"SmallCNN needs depth >= 2 and a width divisible by 8 (GroupNorm's 8 groups); "
+                             f"got depth {depth}, width {width}")
 
         def norm_layer(c: int) -> nn.Module:
             # BatchNorm statistics depend on the batch a rank sees; GroupNorm's are
             # per image, so N ranks x B images compute exactly what 1 x N*B would.
-            return nn.BatchNorm2d(c) if norm == "batch" else nn.GroupNorm(8, c)
+            return {"batch": nn.BatchNorm2d, "group": lambda c: nn.GroupNorm(8, c), "none": lambda c: nn.Identity()
+                    }[norm](c)
 
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1),
-            norm_layer(width),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Conv2d(width, 2 * width, 3, padding=1),
-            norm_layer(2 * width),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Conv2d(2 * width, 2 * width, 3, padding=1),
-            norm_layer(2 * width),
-            nn.ReLU(inplace=True),
-            nn.AdaptiveAvgPool2d(1),
-        )
+        layers: list[nn.Module] = []
+        for i in range(depth):  # halve the resolution after the first two; the rest keep it
+            c_in, c_out = (in_channels, width) if i == 0 else (width if i == 1 else 2 * width, 2 * width)
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), norm_layer(c_out), nn.ReLU(inplace=True)]
+            if i < 2:
+                layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1))
         self.head = nn.Linear(2 * width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -128,12 +129,19 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     model.checkpoint_activations = True
 
 
-def build_model(name: str, in_channels: int = 3, num_classes: int = 10) -> nn.Module:
-    """``cnn``, ``cnn-gn`` (GroupNorm: batch-split invariant), ``resnet18`` or ``mlp``."""
-    if name == "cnn":
-        return SmallCNN(in_channels, num_classes)
-    if name == "cnn-gn":
-        return SmallCNN(in_channels, num_classes, norm="group")
+def build_model(name: str, in_channels: int = 3, num_classes: int = 10, **shape: int | str) -> nn.Module:
+    """``cnn``, ``cnn-gn`` (GroupNorm: batch-split invariant), ``resnet18`` or ``mlp``.
+
+    ``shape``: ``width``, ``depth`` or ``norm`` of the CNNs (what notebook 08's architecture search varies).
+    """
+    if name in ("cnn", "cnn-gn"):
+        shape = {"norm": "group" if name == "cnn-gn" else "batch", **shape}
+        unknown = set(shape) - {"width", "depth", "norm"}
+        if unknown:
+            raise ValueError(f"the CNN's shape is set by width, depth and norm, not {', '.join(sorted(unknown))}")
+        return SmallCNN(in_channels, num_classes, **shape)
+    if shape:
+        raise ValueError(f"--model {name} has a fixed shape; width, depth and norm vary the cnn (--model cnn)")
     if name == "resnet18":
         return ResNet18(in_channels, num_classes)
     if name == "mlp":

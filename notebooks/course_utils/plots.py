@@ -85,3 +85,26 @@ def loss_curves(history, step_losses: Sequence[float] = (), title: str = "traini
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def trial_curves(searches: dict[str, list[dict]], metric: str = "val_loss", title: str = ""):
+    """One panel per search: each trial's ``metric`` by epoch (course_utils.tuning.trials rows); trials
+    stopped early in grey, the best trial in red."""
+    fig, axes = plt.subplots(1, len(searches), figsize=(5.5 * len(searches), 3.6), sharey=True, squeeze=False)
+    for ax, (name, rows) in zip(axes[0], searches.items()):
+        for i, row in enumerate(rows):  # rows come best first
+            epochs = range(1, len(row[metric]) + 1)
+            style = ({"color": "tab:red", "linewidth": 2.2, "label": "best", "zorder": 3} if i == 0 else
+                     {"color": "grey", "alpha": 0.6, "linestyle": "--"} if row["status"] == "stopped early" else
+                     {"color": "tab:blue", "alpha": 0.7})
+            ax.plot(epochs, row[metric], marker="o", markersize=3, **style)
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(metric)
+    axes[0][0].legend(loc="upper right")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -49,3 +49,11 @@ def smallest_stage(psi: int, ranks: int, gpu_bytes: float) -> int | None:
         if (16 - sharded) * psi + sharded * psi / ranks <= gpu_bytes:
             return stage
     return None
+
+
+def trials_at_once(nodes: int, node_cpus: float, node_gpus: float, trial_cpus: float, trial_gpus: float) -> int:
+    per_node = node_cpus // trial_cpus  # what the CPUs allow
+    if trial_gpus:
+        per_gpu = 1 // trial_gpus if trial_gpus < 1 else 1  # a fraction stays on one GPU
+        per_node = min(per_node, node_gpus // max(trial_gpus, 1) * per_gpu)
+    return int(nodes * per_node)

@@ -136,6 +136,8 @@ class Trainer:
         self.history: list[EpochStats] = []
         self.step_losses: list[float] = []
         self.step_callback: Callable[[], None] | None = None  # e.g. a profiler's step()
+        # after each epoch, its checkpoint written: e.g. Ray Tune's report (course_utils.tuning)
+        self.epoch_callback: Callable[[EpochStats], None] | None = None
         self.stop = StopRequest()  # train.py installs it on SIGUSR1: Slurm's warning before the time limit
         self.stopped = False  # fit() ended early on a stop request
         self.epoch_complete = True
@@ -336,6 +338,8 @@ class Trainer:
             )
             if self.cfg.ckpt_dir:
                 self.save(self.ckpt_path)
+            if self.epoch_callback is not None:
+                self.epoch_callback(stats)
             if self.stopped:
                 break
         self.stop.close()

@@ -28,6 +28,7 @@ from .sources import (
     default_data_root,
     download,
     get_datasets,
+    held_out_set,
     load_mnist_idx,
     read_idx,
     verify_md5sums,
@@ -37,6 +38,6 @@ from .synthetic import CLASS_NAMES, make_synthetic
 
 __all__ = [
     "CLASS_NAMES", "DATASETS", "INFO", "DatasetInfo", "DatasetMissingError", "ResumableSampler",
-    "TensorImageDataset", "default_data_root", "download", "get_datasets", "load_mnist_idx", "make_loader",
-    "make_synthetic", "read_idx", "set_epoch", "verify_md5sums", "workshop_dataset",
+    "TensorImageDataset", "default_data_root", "download", "get_datasets", "held_out_set", "load_mnist_idx",
+    "make_loader", "make_synthetic", "read_idx", "set_epoch", "verify_md5sums", "workshop_dataset",
 ]

@@ -243,3 +243,35 @@ def get_datasets(
     if n_val:
         val_ds = Subset(val_ds, range(min(n_val, len(val_ds))))
     return train_ds, val_ds, info
+
+
+def held_out_set(name: str = "synthetic", root: str | Path | None = None, n: int = 1000,
+                 n_train: int | None = None, n_val: int | None = None, seed: int = 0) -> Dataset:
+    """``n`` images that neither the training nor the validation set of :func:`get_datasets` holds.
+
+    A search picks its best configuration on the validation set, so its score there is
+    optimistic; judge the winner on images no trial has seen (notebook 08).
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    info = INFO[name]
+    if name == "synthetic":
+        x, y = make_synthetic(n, seed=-(seed + 1))  # get_datasets draws from seeds 2s+1 and 2s+2 >= 1
+        return TensorImageDataset(x, y, info.mean, info.std)
+    root = Path(root).expanduser() if root else default_data_root()
+    if name == "mnist-idx":
+        images, labels = load_mnist_idx(root)
+        perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+        n_va = n_val or len(labels) // 5
+        n_tr = n_train or len(labels) - n_va
+        spare = perm[n_tr : len(labels) - n_va][:n]  # between the training and the validation images
+    else:
+        test = _torchvision_split(name, root, False, False)
+        if not n_val:
+            raise ValueError(f"the whole {name} test split is the validation set: set n_val to keep some back")
+        spare = range(n_val, min(n_val + n, len(test)))
+    if len(spare) == 0:
+        raise ValueError(f"no {name} images are left for a held-out set: lower n_train or n_val")
+    if name == "mnist-idx":
+        return TensorImageDataset(images[spare], labels[spare], info.mean, info.std)
+    return Subset(test, spare)

@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""A hyper-parameter or architecture search with Ray Tune, each trial the course's training run.
+
+    python scripts/tune.py --num-samples 16 --epochs 8                  # this machine, ASHA
+    python scripts/tune.py --space arch --searcher optuna --num-samples 24
+    python scripts/tune.py --workers-per-trial 2                        # each trial is DDP itself
+    sbatch slurm/ft3/multi_node_ray.sbatch                              # Ray across a job's nodes
+
+The base settings are the course's flags (every ``scripts/train.py`` flag and ``--config``);
+``--epochs`` is the most a trial trains. A search with the same ``--name`` in ``--storage``
+is resumed: finished trials are kept, unfinished ones continue from their last epoch
+(``--fresh`` starts again). ``RAY_ADDRESS`` or ``--address``: join that Ray cluster (the
+Slurm pattern starts one) instead of starting Ray here. The last line is ``RESULT {json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from course_utils import tuning
+from course_utils.config import add_config_args, config_from_args
+from course_utils.results import emit_result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p)
+    g = p.add_argument_group("search")
+    g.add_argument("--space", choices=("hparams", "arch"), default="hparams",
+                   help="hparams: lr, batch size, width; arch: depth, width, normalisation, lr (default: hparams)")
+    g.add_argument("--num-samples", type=int, default=8, help="trials to run (default: 8)")
+    g.add_argument("--scheduler", choices=tuning.SCHEDULERS, default="asha",
+                   help="asha stops the worse trials early; fifo trains every trial to --epochs (default: asha)")
+    g.add_argument("--searcher", choices=tuning.SEARCHERS, default="random",
+                   help="random, or optuna (TPE: draws later trials where the good ones were) (default: random)")
+    g.add_argument("--grace-epochs", type=int, default=1, help="ASHA's first rung, in epochs (default: 1)")
+    g.add_argument("--reduction-factor", type=int, default=2, help="ASHA keeps 1/this at each rung (default: 2)")
+    g.add_argument("--cpus-per-trial", type=float, default=1, help="CPUs per trial (per worker) (default: 1)")
+    g.add_argument("--gpus-per-trial", type=float, default=0,
+                   help="GPUs per trial (per worker); 0.5 packs two trials on a GPU (default: 0)")
+    g.add_argument("--workers-per-trial", type=int, default=1, help="DDP workers per trial (default: 1)")
+    g.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
+    g.add_argument("--name", default="search", help="the search's folder under --storage (default: search)")
+    g.add_argument("--storage", default=str(tuning.DEFAULT_STORAGE),
+                   help="where results and checkpoints go; on a cluster, a folder every node sees")
+    g.add_argument("--fresh", action="store_true", help="start the search again instead of resuming it")
+    g.add_argument("--address", default=None, help="a running Ray cluster (default: $RAY_ADDRESS, else start one)")
+    g.add_argument("--nodes", type=int, default=1, help="wait until this many Ray nodes have joined (default: 1)")
+    g.add_argument("--held-out", type=int, default=1000, help="score the best trial on this many unseen images")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        base = config_from_args(args)
+        if args.num_samples < 1 or args.workers_per_trial < 1:
+            raise ValueError("--num-samples and --workers-per-trial must be at least 1")
+        warning = tuning.gpu_share_warning(args.workers_per_trial, args.gpus_per_trial)
+        if warning:
+            raise ValueError(warning)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    resources = tuning.start_ray(args.address, quiet=False)
+    try:
+        nodes = tuning.wait_for_nodes(args.nodes)
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    print(f"Ray: {len(nodes)} node(s) {', '.join(nodes)}; resources {resources}; "
+          f"temporary files in {tuning.ray_temp_dir()} on each node", flush=True)
+    start = time.perf_counter()
+    grid = tuning.run_search(
+        base, tuning.space(args.space), name=args.name, num_samples=args.num_samples, scheduler=args.scheduler,
+        searcher=args.searcher, storage=args.storage, cpus_per_trial=args.cpus_per_trial,
+        gpus_per_trial=args.gpus_per_trial, workers=args.workers_per_trial, grace_epochs=args.grace_epochs,
+        reduction_factor=args.reduction_factor, max_concurrent=args.max_concurrent, seed=base.seed, fresh=args.fresh,
+        verbose=1)
+    rows = tuning.trials(grid, base.epochs)
+    print(tuning.table(rows), flush=True)
+    result = {"script": "tune.py", **tuning.summary(rows), "seconds": time.perf_counter() - start,
+              "path": str(grid.experiment_path), "statuses": [r["status"] for r in rows]}
+    if args.held_out and result["trials"] > result["errored"]:
+        best = grid.get_best_result(metric=tuning.METRIC, mode=tuning.MODE, scope="all")
+        result["held_out_loss"], result["held_out_acc"] = tuning.held_out_score(best, args.held_out)
+    emit_result(result)
+    return 1 if result["errored"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
