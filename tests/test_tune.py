@@ -68,7 +68,7 @@ def test_a_search_stopped_half_way_and_restored_keeps_its_finished_trials(ray_he
     stopped = tuning.run_search(base, space, name="restore", num_samples=6, scheduler="fifo", storage=ray_here,
                                 fresh=True, callbacks=[tuning.InterruptAfter(2)])
     before = {r["trial"]: r for r in tuning.trials(stopped, base.epochs)}
-    finished = {t: r for t, r in before.items() if r["status"] == "completed"}
+    finished = {t: r for t, r in before.items() if r["status"] == "completed"}  # as Tune recorded them
     assert 2 <= len(finished) < 6, "the search should have stopped with some trials still to run"
     resumed = tuning.run_search(base, space, name="restore", num_samples=6, scheduler="fifo", storage=ray_here)
     after = {r["trial"]: r for r in tuning.trials(resumed, base.epochs)}

@@ -17,6 +17,7 @@ there, and a socket's path may be at most 107 bytes) and token authentication on
 from __future__ import annotations
 
 import getpass
+import logging
 import math
 import os
 import secrets
@@ -375,32 +376,53 @@ class InterruptAfter:
 # --------------------------------------------------------------------------- #
 def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
     """One row per trial: its sampled settings, epochs trained, curves, where it ran and how it ended."""
+    from ray.tune import ExperimentAnalysis
+
+    # Tune's own record of each trial (TERMINATED, ERROR, RUNNING, ...), as saved in the search's folder
+    quiet = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "no metrics" warning for trials not started: they have none
+    try:
+        tune_trials = {Path(t.path).name: t for t in ExperimentAnalysis(grid.experiment_path).trials}
+    finally:
+        quiet.setLevel(level)
     rows = []
     for result in grid:
         frame = result.metrics_dataframe
         config = {k: v for k, v in (result.config or {}).items() if k not in RUN_KEYS}
+        trial = tune_trials[Path(result.path).name]
         if frame is None or frame.empty:
-            rows.append({"trial": Path(result.path).name, "config": config, "epochs": 0,
+            rows.append({"trial": trial.trial_id, "config": config, "epochs": 0,
                          "val_loss": [], "val_acc": [], "best_val_loss": math.nan, "best_val_acc": math.nan,
-                         "status": "errored" if result.error else "not started", "hosts": [], "start": math.nan,
+                         "status": status(trial.status, 0, max_epochs), "hosts": [], "start": math.nan,
                          "end": math.nan})
             continue
         epochs = int(frame["training_iteration"].max())
         rows.append({
-            "trial": str(frame["trial_id"].iloc[-1]),
+            "trial": trial.trial_id,
             "config": config,
             "epochs": epochs,
             "val_loss": frame["val_loss"].tolist(),
             "val_acc": frame["val_acc"].tolist(),
             "best_val_loss": float(frame["val_loss"].min()),
             "best_val_acc": float(frame["val_acc"].max()),
-            "status": "errored" if result.error else ("completed" if epochs >= max_epochs else "stopped early"),
+            "status": status(trial.status, epochs, max_epochs),
             "hosts": sorted(set(frame["host"])),
             "workers": int(frame["workers"].iloc[-1]) if "workers" in frame else 1,
             "start": float(frame["started"].iloc[0]),
             "end": float(frame["now"].iloc[-1]),
         })
     return sorted(rows, key=lambda r: (math.isnan(r["best_val_loss"]), r["best_val_loss"]))
+
+
+def status(state: str, epochs: int, max_epochs: int) -> str:
+    """How a trial ended, from Tune's ``state`` of it. A trial whose last report arrived just before
+    the search was stopped is not TERMINATED: a restored search runs it on from its last checkpoint."""
+    if state == "ERROR":
+        return "errored"
+    if state != "TERMINATED":
+        return "unfinished" if epochs else "not started"
+    return "completed" if epochs >= max_epochs else "stopped early"
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
