@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"Ray: {len(nodes)} node(s) {', '.join(nodes)}; resources {resources}; "
-          f"temporary files in {tuning.ray_temp_dir()} on each node", flush=True)
+          f"Ray's temporary files in /tmp on each node ({tuning.ray_temp_dir()} here)", flush=True)
     start = time.perf_counter()
     grid = tuning.run_search(
         base, tuning.space(args.space), name=args.name, num_samples=args.num_samples, scheduler=args.scheduler,

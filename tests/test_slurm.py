@@ -8,6 +8,8 @@ runs small; resources, partitions and launch lines are the scripts' own.
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -84,7 +86,7 @@ def test_every_script_runs_the_course_script_and_a_plain_torchrun_script(cluster
     jobs = {}
     for script in SCRIPTS:
         if script.stem == "multi_node_ray":
-            continue  # starts Ray, not training: test_tune.py runs it
+            continue  # starts Ray, not training: test_a_ray_job_runs_trials_on_both_nodes_... runs it
         if script.stem != "requeue":  # the course's requeue runs have a test of their own
             jobs[slurm.sbatch(script, env={"TRAIN_ARGS": TINY, **ONE_THREAD})] = (script, "course")
         if script.stem not in generate.SCRIPT_OF_PATTERN and script.parent.name != "frontera":
@@ -193,6 +195,42 @@ def test_fabric_runs_under_the_srun_pattern_unchanged(cluster):
     (result,) = results_in_log(record["StdOut"])
     assert result["world_size"] == 4 and result["hosts"] == {"cnode1": 2, "cnode2": 2}, result
     assert result["ranks_agree"] and result["train_loss"][-1] < result["train_loss"][0], result
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of the processes on this machine (the test nodes share its PID space) that name ``text``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # ended while we looked
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline[:200]}")
+    return found
+
+
+@needs_cluster
+def test_a_ray_job_runs_trials_on_both_nodes_and_leaves_no_ray_behind(cluster, tmp_path):
+    """FT3's Ray pattern: the head on one node, a worker on the other, the search's trials spread over
+    both; when the search ends the job stops Ray's steps, and no Ray process of the job is left."""
+    script = REPO_ROOT / "slurm" / "ft3" / "multi_node_ray.sbatch"
+    args = ("--model cnn --epochs 2 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 4 "
+            "--cpus-per-trial 32 --held-out 200")  # 64 CPUs per node: two trials on each
+    job = slurm.sbatch(script, env={"TRAIN_ARGS": args, "COURSE_RUNS": str(tmp_path), **ONE_THREAD})
+    record = slurm.wait([job], timeout_s=600)[job][0]
+    report = cluster.job_report(job, [record])
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), report
+    (result,) = results_in_log(record["StdOut"])
+    assert result["trials"] == 4 and result["errored"] == 0, report
+    assert result["hosts"] == ["cnode1", "cnode2"], f"trials ran on {result['hosts']} only\n{report}"
+    assert Path(result["path"]).is_relative_to(tmp_path / f"ft3-multi-node-ray-{job}" / "tune"), result["path"]
+    temp = [Path(f"/tmp/ray-{job}-{node}") for node in ("cnode1", "cnode2")]
+    assert all(t.is_dir() for t in temp), f"Ray's files belong in /tmp/ray-{job}-<node>\n{report}"
+    left = _processes_naming(f"/tmp/ray-{job}-")
+    assert left == [], "Ray processes of the job outlived it:\n" + "\n".join(left)
+    for t in temp:
+        shutil.rmtree(t, ignore_errors=True)
 
 
 @needs_cluster

@@ -49,8 +49,8 @@ DEFAULT_STORAGE = REPO_ROOT / "runs" / "tune"
 # --------------------------------------------------------------------------- #
 def ray_temp_dir() -> str:
     """A short, node-local folder for Ray's sessions, sockets and logs: per job under Slurm, else per user."""
-    job = os.environ.get("SLURM_JOB_ID")
-    return f"/tmp/ray-{job}" if job else f"/tmp/ray-{getpass.getuser()}"
+    job = os.environ.get("SLURM_JOB_ID")  # slurm/lib/ray_node.sh names it the same way
+    return f"/tmp/ray-{job}-{socket.gethostname().split('.')[0]}" if job else f"/tmp/ray-{getpass.getuser()}"
 
 
 def auth_env() -> dict[str, str]:
@@ -162,8 +162,10 @@ def _use_assigned_cores() -> None:
     """Threads from the CPUs Ray gave this trial, not the node's."""
     import ray
 
+    from .hardware import usable_cores
+
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    torch.set_num_threads(max(1, int(cpus)))
+    torch.set_num_threads(max(1, min(int(cpus), usable_cores())))  # never more than the process may use
 
 
 def tune_trial(params: dict[str, Any]) -> None:

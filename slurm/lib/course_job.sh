@@ -64,7 +64,7 @@ course_rendezvous() {
 }
 
 # The course's train.py and train_lightning.py write checkpoints and TensorBoard logs where they
-# are told, train_deepspeed.py its ZeRO checkpoints; any other script gets only TRAIN_ARGS (and
+# are told, train_deepspeed.py its ZeRO checkpoints, tune.py its search; any other script gets only TRAIN_ARGS (and
 # may read RUN_DIR from the environment).
 # shellcheck disable=SC2034  # COURSE_ARGV is used by the scripts that source this file
 course_flags() {
@@ -73,6 +73,8 @@ course_flags() {
         COURSE_ARGV=(--ckpt-dir "$1/ckpt" --log-dir "$1/tb" --no-progress)
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_deepspeed.py" ]]; then
         COURSE_ARGV=(--ckpt-dir "$1/ckpt" --no-progress)   # ZeRO checkpoints; no TensorBoard in this script
+    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/tune.py" ]]; then
+        COURSE_ARGV=(--storage "$1/tune" --nodes "${SLURM_JOB_NUM_NODES:-1}")   # the search; every node joined
     fi
 }
 
