@@ -27,12 +27,12 @@ import torch
 from course_utils import dist as cdist
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import TrainConfig, add_config_args, config_from_args
-from course_utils.data import DatasetMissingError, get_datasets, make_loader
+from course_utils.data import DatasetMissingError
 from course_utils.devices import PlacementError
 from course_utils.hardware import peak_memory_mib
-from course_utils.models import build_model, count_parameters
+from course_utils.models import count_parameters
 from course_utils.results import emit_result
-from course_utils.trainer import Trainer, history_table
+from course_utils.trainer import build_trainer, history_table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,18 +67,10 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     hosts = cdist.ranks_per_host()
     cdist.print0("ranks per host: " + ", ".join(f"{h} x{n}" for h, n in sorted(hosts.items())))
     cfg = dataclasses.replace(cfg, progress=cfg.progress and sys.stderr.isatty())  # no bars in batch logs
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank
-    train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
-    pin = cfg.pin_memory and device.type == "cuda"
-    train_loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers, pin_memory=pin,
-                               persistent_workers=cfg.workers > 0, drop_last=True, seed=cfg.seed)
-    val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, pin_memory=pin,
-                             seed=cfg.seed)
-    model = build_model(cfg.model, meta.channels, meta.num_classes)
-    trainer = Trainer(model, train_loader, device, cfg, val_loader=val_loader)
+    trainer = build_trainer(cfg, device)  # data, loaders, model (course_utils.trainer)
     cdist.print0(
-        f"{cfg.model}: {count_parameters(model) / 1e6:.2f} M parameters on {device}; "
-        f"{cfg.dataset}: {len(train_ds)} train / {len(val_ds)} val images; "
+        f"{cfg.model}: {count_parameters(trainer.raw_model) / 1e6:.2f} M parameters on {device}; "
+        f"{cfg.dataset}: {len(trainer.train_loader.dataset)} train / {len(trainer.val_loader.dataset)} val images; "
         f"global batch {cfg.batch_size * info.world_size * cfg.grad_accum}, lr {trainer.lr:g}"
     )
     # Slurm's warning before the time limit (--signal=USR1@120, or passed on by the batch

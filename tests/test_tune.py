@@ -66,7 +66,7 @@ def test_a_search_stopped_half_way_and_restored_keeps_its_finished_trials(ray_he
     base = TrainConfig(epochs=2, n_train=128, n_val=64, batch_size=32, workers=0)
     space = {"lr": tuning.space("hparams")["lr"], "width": 16}
     stopped = tuning.run_search(base, space, name="restore", num_samples=6, scheduler="fifo", storage=ray_here,
-                                fresh=True, callbacks=[tuning.InterruptAfter(2)])
+                                fresh=True, callbacks=[tuning.interrupt_after(2)])
     before = {r["trial"]: r for r in tuning.trials(stopped, base.epochs)}
     finished = {t: r for t, r in before.items() if r["status"] == "completed"}  # as Tune recorded them
     assert 2 <= len(finished) < 6, "the search should have stopped with some trials still to run"

@@ -25,14 +25,15 @@ from torch.utils.data import DataLoader
 from . import dist as cdist
 from .checkpoint import CheckpointError, ensure_writable_dir, load_latest, save_checkpoint
 from .config import TrainConfig, resume_mismatch
-from .data import set_epoch
+from .data import get_datasets, make_loader, set_epoch
+from .models import build_model
 from .precision import autocast, resolve_precision, set_tf32
 from .preemption import StopRequest
 from .rng import rng_state, set_rng_state
 from .timing import Throughput
 
-__all__ = ["EpochStats", "TrainConfig", "Trainer", "config_lr", "evaluate", "history_table", "linear_warmup",
-           "make_optimizer", "scaled_lr"]
+__all__ = ["EpochStats", "TrainConfig", "Trainer", "build_trainer", "config_lr", "evaluate", "history_table",
+           "linear_warmup", "make_optimizer", "scaled_lr"]
 
 def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Ramp the learning rate from lr/steps to lr over ``steps`` optimiser steps, then hold it.
@@ -407,6 +408,21 @@ class Trainer:
         within = f" (after batch {self._resume_in_epoch['batches']})" if self._resume_in_epoch else ""
         cdist.print0(f"resumed from {where} at epoch {self.epoch}{within}")
         return True
+
+
+def build_trainer(cfg: TrainConfig, device: torch.device, **shape: Any) -> Trainer:
+    """The course's run as ``cfg`` describes it: the data sets and their loaders, the model
+    (``shape``: the CNN's width, depth, norm; ``models.build_model``) and the Trainer.
+    scripts/train.py and each Ray Tune trial (``tuning.train_one``) start from here."""
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
+    pin = cfg.pin_memory and device.type == "cuda"
+    train_loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers, pin_memory=pin,
+                               persistent_workers=cfg.workers > 0, drop_last=True, seed=cfg.seed)
+    val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, pin_memory=pin,
+                             seed=cfg.seed)
+    model = build_model(cfg.model, meta.channels, meta.num_classes, **shape)
+    return Trainer(model, train_loader, device, cfg, val_loader=val_loader)
 
 
 def history_table(history: list[EpochStats]) -> str:

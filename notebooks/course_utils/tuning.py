@@ -133,20 +133,11 @@ def trial_settings(params: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]
 def train_one(params: dict[str, Any], device: torch.device, workdir: str, report: Report) -> None:
     """Train the configuration ``params`` with the course's Trainer, resuming from ``workdir/last.pt``
     if a checkpoint was restored there, and ``report`` after every epoch."""
-    from .data import get_datasets, make_loader
-    from .models import build_model
-    from .trainer import Trainer
+    from .trainer import build_trainer
 
     cfg, shape = trial_settings(params)
     cfg = replace(cfg, ckpt_dir=workdir, resume=True, log_dir=None, progress=False)
-    torch.manual_seed(cfg.seed)
-    train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
-    pin = cfg.pin_memory and device.type == "cuda"
-    train_loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers, pin_memory=pin,
-                               drop_last=True, seed=cfg.seed)
-    val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, pin_memory=pin)
-    model = build_model(cfg.model, meta.channels, meta.num_classes, **shape)
-    trainer = Trainer(model, train_loader, device, cfg, val_loader=val_loader)
+    trainer = build_trainer(cfg, device, **shape)  # the same set-up as scripts/train.py
     started, host = time.time(), socket.gethostname()
 
     def epoch_done(stats: Any) -> None:
@@ -342,35 +333,33 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
     return tuner.fit()
 
 
-class InterruptAfter:
+def interrupt_after(finished: int) -> Any:
     """A Tune callback that presses Ctrl+C once ``finished`` trials have finished: the search stops
     as it would on a job's time limit or a stop button, and saves its state for ``Tuner.restore``.
     A restored search carries the callback along (Tune saves it with the run); it does nothing there,
     where that many trials had finished before it started."""
+    import signal
 
-    def __new__(cls, finished: int) -> Any:
-        import signal
+    from ray import tune
 
-        from ray import tune
+    def done(trials: list) -> int:
+        return sum(t.status == "TERMINATED" for t in trials)
 
-        def done(trials: list) -> int:
-            return sum(t.status == "TERMINATED" for t in trials)
+    class InterruptAfter(tune.Callback):  # defined here: importing tuning does not import Ray
+        def __init__(self) -> None:
+            self.before: int | None = None  # trials finished when this run started
+            self.fired = False
 
-        class _Interrupt(tune.Callback):
-            def __init__(self) -> None:
-                self.before: int | None = None  # trials finished when this run started
-                self.fired = False
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            if self.before is None:
+                self.before = done(trials)
 
-            def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
-                if self.before is None:
-                    self.before = done(trials)
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            if not self.fired and (self.before or 0) < finished <= done(trials):
+                self.fired = True
+                os.kill(os.getpid(), signal.SIGINT)  # Tune's own handler: stop and save the state
 
-            def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-                if not self.fired and (self.before or 0) < finished <= done(trials):
-                    self.fired = True
-                    os.kill(os.getpid(), signal.SIGINT)  # Tune's own handler: stop and save the state
-
-        return _Interrupt()
+    return InterruptAfter()
 
 
 # --------------------------------------------------------------------------- #

@@ -259,19 +259,19 @@ def held_out_set(name: str = "synthetic", root: str | Path | None = None, n: int
         x, y = make_synthetic(n, seed=-(seed + 1))  # get_datasets draws from seeds 2s+1 and 2s+2 >= 1
         return TensorImageDataset(x, y, info.mean, info.std)
     root = Path(root).expanduser() if root else default_data_root()
+    empty = ValueError(f"no {name} images are left for a held-out set: lower n_train or n_val")
     if name == "mnist-idx":
         images, labels = load_mnist_idx(root)
         perm = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
         n_va = n_val or len(labels) // 5
         n_tr = n_train or len(labels) - n_va
         spare = perm[n_tr : len(labels) - n_va][:n]  # between the training and the validation images
-    else:
-        test = _torchvision_split(name, root, False, False)
-        if not n_val:
-            raise ValueError(f"the whole {name} test split is the validation set: set n_val to keep some back")
-        spare = range(n_val, min(n_val + n, len(test)))
-    if len(spare) == 0:
-        raise ValueError(f"no {name} images are left for a held-out set: lower n_train or n_val")
-    if name == "mnist-idx":
+        if len(spare) == 0:
+            raise empty
         return TensorImageDataset(images[spare], labels[spare], info.mean, info.std)
-    return Subset(test, spare)
+    test = _torchvision_split(name, root, False, False)
+    if not n_val:
+        raise ValueError(f"the whole {name} test split is the validation set: set n_val to keep some back")
+    if n_val >= len(test):
+        raise empty
+    return Subset(test, range(n_val, min(n_val + n, len(test))))
