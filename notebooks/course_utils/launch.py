@@ -242,7 +242,10 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=2",
+           # last call: how long a group that has its minimum waits for more nodes. Long enough for a
+           # node started a moment later to import torch and join the first group (on a busy
+           # 2-core machine, 2 s was not), short enough that a survivor re-forms quickly.
+           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=5",
            str(script_path(str(script))), *map(str, args)]
     return Process(cmd, env=_threads_per_rank(nproc, env))
 
