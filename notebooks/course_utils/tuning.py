@@ -159,6 +159,14 @@ def _use_assigned_cores() -> None:
     torch.set_num_threads(max(1, min(int(cpus), usable_cores())))  # never more than the process may use
 
 
+def _copy_restored(checkpoint: Any, work: str) -> None:
+    """Put a restored trial's checkpoint (a resumed search, or a trial restarted after a failure)
+    where the Trainer resumes from; nothing for a trial starting afresh."""
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            shutil.copytree(folder, work, dirs_exist_ok=True)
+
+
 def tune_trial(params: dict[str, Any]) -> None:
     """A Ray Tune function trainable: one process, on the GPU Ray assigned it (if any) or the CPU."""
     from ray import tune
@@ -167,10 +175,7 @@ def tune_trial(params: dict[str, Any]) -> None:
 
     _use_assigned_cores()
     with tempfile.TemporaryDirectory(prefix="trial-") as work:
-        restored = tune.get_checkpoint()
-        if restored is not None:  # a resumed search, or a trial restarted after a failure
-            with restored.as_directory() as folder:
-                shutil.copytree(folder, work, dirs_exist_ok=True)
+        _copy_restored(tune.get_checkpoint(), work)
 
         def report(metrics: dict[str, Any], folder: str) -> None:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
@@ -187,10 +192,7 @@ def _ddp_worker(params: dict[str, Any]) -> None:
     _use_assigned_cores()
     rank = ray.train.get_context().get_world_rank()
     with tempfile.TemporaryDirectory(prefix="ddp-trial-") as work:
-        restored = ray.train.get_checkpoint()
-        if restored is not None:
-            with restored.as_directory() as folder:
-                shutil.copytree(folder, work, dirs_exist_ok=True)
+        _copy_restored(ray.train.get_checkpoint(), work)
 
         def report(metrics: dict[str, Any], folder: str) -> None:
             # every worker reports; rank 0 wrote the checkpoint and hands it over
@@ -455,6 +457,7 @@ def table(rows: list[dict[str, Any]], keys: Sequence[str] | None = None) -> str:
 
 def held_out_score(result: Any, n: int = 1000) -> tuple[float, float]:
     """Loss and accuracy of a trial's last checkpoint on images no trial trained or was ranked on."""
+    from .checkpoint import load_checkpoint
     from .data import INFO, held_out_set, make_loader
     from .models import build_model
     from .trainer import evaluate
@@ -464,9 +467,8 @@ def held_out_score(result: Any, n: int = 1000) -> tuple[float, float]:
     model = build_model(cfg.model, INFO[cfg.dataset].channels, INFO[cfg.dataset].num_classes, **shape)
     if result.checkpoint is not None:
         with result.checkpoint.as_directory() as folder:
-            state = torch.load(Path(folder) / "last.pt", map_location="cpu", weights_only=False)
+            state = load_checkpoint(Path(folder) / "last.pt")
     else:  # a DDP trial: Ray Train kept the checkpoint and Tune got its path
-        state = torch.load(Path(result.metrics["checkpoint_path"]) / "last.pt", map_location="cpu",
-                           weights_only=False)
+        state = load_checkpoint(Path(result.metrics["checkpoint_path"]) / "last.pt")
     model.load_state_dict(state["model"])
     return evaluate(model, make_loader(data, 256, shuffle=False), torch.device("cpu"))
