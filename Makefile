@@ -14,13 +14,18 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup lab test kernel lock bench clean help
+# gpu-check needs no .venv: on a GPU machine with its own torch, the repository on PYTHONPATH is enough
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_CHECK_ARGS ?=
+
+.PHONY: setup lab test kernel lock bench gpu-check clean help
 
 help:
 	@echo "make lab     set up the environment and open the course in JupyterLab"
 	@echo "make test    set up the environment and run the whole test suite"
 	@echo "make kernel  register .venv as a Jupyter kernel for a portal's JupyterLab"
 	@echo "make bench   run the single-device speed-up ladder (scripts/benchmark_single.py)"
+	@echo "make gpu-check  on a GPU node: every notebook, the ladder and matmul TFLOP/s, one report (runs/gpu-check)"
 	@echo "make lock    regenerate constraints.txt from the installed environment"
 
 $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.json
@@ -48,6 +53,9 @@ kernel: setup
 
 bench: setup
 	$(PY) scripts/benchmark_single.py $(BENCH_ARGS)
+
+gpu-check:
+	PYTHONPATH=$(CURDIR)/notebooks$(if $(PYTHONPATH),:$(PYTHONPATH),) $(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt

@@ -61,8 +61,10 @@ def demo(op: str, rank: int, n: int, device: torch.device) -> bool:
         return show("send/recv: rank 0 -> rank 1", before, fmt(x), ok)
     if op == "isend_irecv":  # non-blocking ring shift: everyone sends right, receives from left
         before, out = fmt(x), torch.empty_like(x)
-        reqs = [dist.isend(x, dst=(rank + 1) % n), dist.irecv(out, src=(rank - 1) % n)]
-        for r in reqs:
+        # posted together as one batch: NCCL needs a ring's sends and receives grouped (posted one by one,
+        # every rank's send can wait for a receive not yet posted); gloo accepts both
+        ops = [dist.P2POp(dist.isend, x, (rank + 1) % n), dist.P2POp(dist.irecv, out, (rank - 1) % n)]
+        for r in dist.batch_isend_irecv(ops):
             r.wait()
         return show("isend/irecv: shift one rank to the right", before, fmt(out),
                     torch.equal(out, start((rank - 1) % n).to(device)))

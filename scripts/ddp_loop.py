@@ -10,7 +10,6 @@ epoch (resuming is train.py's and train_lightning.py's).
 
 import argparse
 import gc
-import os
 import sys
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.devices import PlacementError, node_device
-from course_utils.dist import ranks_agree, ranks_per_host
+from course_utils.devices import PlacementError
+from course_utils.dist import RendezvousError, init_distributed, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model
 from course_utils.precision import autocast, resolve_precision
@@ -39,16 +38,11 @@ try:
 except ValueError as exc:
     sys.exit(f"error: {exc}")
 
-local_rank, world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-try:  # a GPU per rank when the node has one for each (NCCL never puts two ranks on one GPU), else all on the CPU
-    device = torch.device(node_device(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                                      torch.cuda.device_count(), local_rank))
-except (ValueError, PlacementError) as exc:
+try:  # join the group: a GPU per rank (set_device before the group, NCCL), else every rank on the CPU (gloo)
+    info, device = init_distributed(cfg.device)  # RANK, MASTER_ADDR, ... from torchrun or srun
+except (ValueError, PlacementError, RendezvousError) as exc:
     sys.exit(f"error: {exc}")
-use_gpu = device.type == "cuda"
-if world > 1:
-    dist.init_process_group("nccl" if use_gpu else "gloo")  # RANK, MASTER_ADDR, ... from torchrun
-rank = dist.get_rank() if world > 1 else 0
+use_gpu, rank, world = device.type == "cuda", info.rank, info.world_size
 precision = resolve_precision(cfg.precision, device)
 scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")
 
@@ -56,7 +50,7 @@ torch.manual_seed(cfg.seed)  # the same initial weights on every rank
 train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
 model = build_model(cfg.model, meta.channels, meta.num_classes).to(device)
 if world > 1:
-    model = DDP(model, device_ids=[local_rank] if use_gpu else None)
+    model = DDP(model, device_ids=[device.index] if use_gpu else None)
 optimizer = make_optimizer(model, cfg, config_lr(cfg, world))
 loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
                      pin_memory=use_gpu and cfg.pin_memory, drop_last=True, seed=cfg.seed)  # each rank its slice
@@ -80,9 +74,9 @@ for epoch in range(cfg.epochs):
         scaler.step(optimizer)
         scaler.update()
         meter.step_done(len(y))
-        total, count, step = total + loss.item(), count + 1, step + 1
+        total, count, step = total + loss.detach(), count + 1, step + 1  # no .item(): no host sync per step
     meter.stop()
-    losses.append(total / max(count, 1))
+    losses.append(float(total) / max(count, 1))
     if rank == 0:
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
     if cfg.ckpt_dir and rank == 0:  # one writer

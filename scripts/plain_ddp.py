@@ -28,7 +28,10 @@ if use_gpu and local_rank >= torch.cuda.device_count():  # NCCL never shares a G
     sys.exit(f"LOCAL_RANK={local_rank} but this process sees {torch.cuda.device_count()} GPU(s): "
              "start one process per GPU (torchrun --nproc-per-node, srun --ntasks-per-node)")
 device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
-dist.init_process_group("nccl" if use_gpu else "gloo")  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment
+if use_gpu:  # this rank's GPU, before the group exists: NCCL and every later allocation use it, not GPU 0
+    torch.cuda.set_device(device)
+dist.init_process_group("nccl" if use_gpu else "gloo",  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment
+                        device_id=device if use_gpu else None)
 rank, world = dist.get_rank(), dist.get_world_size()
 
 torch.manual_seed(0)  # the same initial weights on every rank

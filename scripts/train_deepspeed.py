@@ -13,27 +13,28 @@ from a hostfile, which many clusters forbid. The optimizer is the course's (--op
 
 import argparse
 import gc
+import os
 import shutil
 import sys
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.dist import collective_timeout_s, ranks_agree, ranks_per_host
+from course_utils.dist import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.results import emit_result
 from course_utils.rng import rng_state, set_rng_state
 from course_utils.sharding import (
     add_sharding_args,
-    collectives_per_step,
     deepspeed_env,
     ds_config,
-    rank_device_and_precision,
+    start_counting_collectives,
+    start_rank,
+    stop_counting_collectives,
     zero_gradient_bytes,
     zero_memory,
     zero_theory,
@@ -51,15 +52,12 @@ deepspeed_args.add_argument("--offload-optimizer", action="store_true",
                             help="keep the fp32 master weights and the optimizer's moments in CPU memory")
 args = parser.parse_args()
 cfg = config_from_args(args)
-device, precision = rank_device_and_precision(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
-
-if device.type == "cuda":
-    torch.cuda.set_device(device)  # before DeepSpeed allocates anything: this rank's GPU, not GPU 0
-deepspeed_env(use_gpu=device.type == "cuda")
+# the course's door forms the group (this rank's GPU set before it exists); DeepSpeed then uses that group
+info, device, precision = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
+os.environ.update(deepspeed_env(use_gpu=device.type == "cuda"))
 import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)
 
-deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
-                           timeout=timedelta(seconds=collective_timeout_s()))  # RANK, ... from torchrun or srun
+deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")  # one process: a group of one
 world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
 
 torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -68,7 +66,8 @@ model = build_model(cfg.model, meta.channels, meta.num_classes)
 if args.activation_checkpointing:
     enable_activation_checkpointing(model)
 psi = count_parameters(model)
-config = ds_config(cfg, world, args.zero_stage, precision, args.offload_optimizer, args.gradient_clipping)
+config = ds_config(cfg, world, args.zero_stage, precision, args.offload_optimizer, args.gradient_clipping,
+                   use_gpu=device.type == "cuda")
 engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(model, cfg, config_lr(cfg, world)),
                                                config=config)
 dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)  # the engine's weights
@@ -89,7 +88,10 @@ if ckpt and cfg.resume and (ckpt / "latest").exists():
     if rank == 0:  # the engine restored its step count with the state
         print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
 
-grad_bytes, images_per_s = 0, None  # (None: every epoch was done before this run)
+grad_bytes, images_per_s, counted = 0, None, None  # (None: every epoch was done before this run)
+# collectives are counted over the untimed first steps only, then the logger is switched off (it syncs every call)
+first_step, count_window = engine.global_steps, max(1, cfg.untimed_steps // cfg.grad_accum)
+start_counting_collectives()
 for epoch in range(first_epoch, cfg.epochs):
     set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
     engine.train()
@@ -104,10 +106,12 @@ for epoch in range(first_epoch, cfg.epochs):
         engine.backward(loss)  # reduces the gradients (stage 2-3: into each rank's shard)
         grad_bytes = max(grad_bytes, zero_gradient_bytes(engine, optimizer))
         engine.step()  # at the accumulation boundary: clip, optimizer step on this rank's shard, gather
+        if counted is None and engine.global_steps - first_step >= count_window:
+            counted = stop_counting_collectives(engine.global_steps - first_step)
         meter.step_done(len(y))
-        total, count = total + loss.item(), count + 1
+        total, count = total + loss.detach(), count + 1  # no .item(): no host sync per step
     meter.stop()
-    losses.append(total / max(count, 1))
+    losses.append(float(total) / max(count, 1))
     images_per_s = meter.images_per_s
     if rank == 0:
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {images_per_s:,.0f} images/s", flush=True)
@@ -143,7 +147,8 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks
              "epochs": cfg.epochs, "global_step": engine.global_steps, "train_loss": losses, "val_loss": val_loss,
              "val_acc": val_acc, "images_per_s_per_rank": images_per_s, "psi": psi, "memory": memory,
              "theory": zero_theory(psi, world, args.zero_stage, precision, cfg.optimizer, cfg.momentum),
-             "collectives_per_step": collectives_per_step(max(engine.global_steps, 1)),
+             "collectives_per_step": counted if counted is not None else  # (a run shorter than the window)
+             stop_counting_collectives(max(engine.global_steps - first_step, 1)),
              "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated,
              "peak_memory_mib": peak_memory_mib(device)})
 torch.distributed.barrier()

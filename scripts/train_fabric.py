@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric import Fabric
+from lightning.fabric.strategies import DDPStrategy
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
@@ -37,14 +38,17 @@ args = parser.parse_args()
 cfg = config_from_args(args)
 try:
     unsupported(cfg, Path(__file__).name, LEFT_OUT)
-    plan = plan_launch(cfg.device, args.devices, args.num_nodes)
-    precision = resolve_precision(cfg.precision, torch.device("cuda" if plan.accelerator == "gpu" else "cpu"))
+    plan = plan_launch(cfg.device, args.devices, args.num_nodes)  # this rank's device from the course's policy
+    precision = resolve_precision(cfg.precision, plan.device)
 except ValueError as exc:
     sys.exit(f"error: {exc}")
 
 quiet_lightning()
-fabric = Fabric(accelerator=plan.accelerator, devices=plan.devices, num_nodes=plan.num_nodes,
-                strategy="ddp" if plan.world_size > 1 else "auto", precision=LIGHTNING_PRECISION[precision])
+# the device handed to Fabric (parallel_devices), not counted by Fabric: right under Slurm's GPU binding too
+strategy = DDPStrategy(parallel_devices=[torch.device(d) for d in plan.parallel_devices]) if plan.world_size > 1 \
+    else "auto"
+fabric = Fabric(accelerator=plan.accelerator, devices="auto" if plan.world_size > 1 else plan.single_device,
+                num_nodes=plan.num_nodes, strategy=strategy, precision=LIGHTNING_PRECISION[precision])
 fabric.launch()  # joins torchrun's or srun's processes, or starts them
 world, device, rank = fabric.world_size, fabric.device, fabric.global_rank
 
@@ -72,9 +76,9 @@ for epoch in range(cfg.epochs):
         fabric.backward(loss)  # DDP all-reduces the gradients during backward
         optimizer.step()
         meter.step_done(len(y))
-        total, count, step = total + loss.item(), count + 1, step + 1
+        total, count, step = total + loss.detach(), count + 1, step + 1
     meter.stop()
-    losses.append(total / max(count, 1))
+    losses.append(float(total) / max(count, 1))  # one host sync per epoch, not per step
     if rank == 0:  # (fabric.print prints once per node: on local rank 0)
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
     if cfg.ckpt_dir:  # Fabric writes from rank 0

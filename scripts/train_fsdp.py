@@ -15,7 +15,6 @@ all-gather less per step, more memory: ZeRO-2's trade). Launch with torchrun or 
 import argparse
 import gc
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -26,11 +25,11 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from course_utils.config import add_config_args, config_from_args
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.dist import collective_timeout_s, ranks_agree, ranks_per_host
+from course_utils.dist import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.results import emit_result
-from course_utils.sharding import add_sharding_args, fsdp_gradient_bytes, fsdp_memory, rank_device_and_precision
+from course_utils.sharding import add_sharding_args, fsdp_gradient_bytes, fsdp_memory, fsdp_precision, start_rank
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 
@@ -43,16 +42,15 @@ fsdp_args.add_argument("--reshard-after-forward", action=argparse.BooleanOptiona
                        help="free the gathered weights after the forward pass (default: yes)")
 args = parser.parse_args()
 cfg = config_from_args(args)
-device, precision = rank_device_and_precision(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
-if precision == "fp16":
-    sys.exit("error: train_fsdp.py trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): "
-             "use --precision bf16")
-
-if device.type == "cuda":
-    torch.cuda.set_device(device)
-dist.init_process_group("nccl" if device.type == "cuda" else "gloo",  # RANK, ... from torchrun or srun
-                        timeout=timedelta(seconds=collective_timeout_s()))
-world, rank = dist.get_world_size(), dist.get_rank()
+# the course's door forms the group (this rank's GPU set before it exists; one process: a group of one)
+info, device, resolved = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
+world, rank = info.world_size, info.rank
+try:
+    precision, note = fsdp_precision(cfg.precision, resolved)
+except ValueError as exc:
+    sys.exit(f"error: {exc}")
+if note and rank == 0:
+    print(note, file=sys.stderr, flush=True)
 mesh = init_device_mesh(device.type, (world,))  # the ranks the weights are sharded across
 
 torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
@@ -95,9 +93,9 @@ for epoch in range(cfg.epochs):
             optimizer.zero_grad(set_to_none=True)
             step += 1
         meter.step_done(len(y))
-        total, count = total + loss.item(), count + 1
+        total, count = total + loss.detach(), count + 1
     meter.stop()
-    losses.append(total / max(count, 1))
+    losses.append(float(total) / max(count, 1))  # one host sync per epoch, not per step
     if rank == 0:
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
 

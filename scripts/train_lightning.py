@@ -83,6 +83,7 @@ def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset
     module = CourseModule(model, cfg)
     data = CourseDataModule(train_ds, val_ds, cfg, pin_memory=cfg.pin_memory and plan.accelerator == "gpu")
     trainer = make_trainer(cfg, plan)
+    precision = resolve_precision(cfg.precision, plan.device)  # what make_trainer gave Lightning
     resume = latest_checkpoint(cfg.ckpt_dir) if cfg.resume else None
     if resume and cdist.detect_env().rank == 0:  # before Lightning joins the ranks: ask the launcher
         print(f"resuming from {resume}", flush=True)
@@ -95,15 +96,19 @@ def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset
     except StopTraining as stop:  # Slurm's warning: last.ckpt is written, the batch script requeues
         cdist.print0(f"{stop}; {cfg.ckpt_dir or 'no --ckpt-dir'}/last.ckpt written")
     seconds = time.perf_counter() - start
-    precision = resolve_precision(cfg.precision, module.device)
-    val_loss, val_acc = evaluate(module.model, data.val_dataloader(), module.device, precision)
+    # Lightning's teardown has moved the model back to the CPU: evaluate, and compare the ranks over
+    # Lightning's (NCCL) group, on this rank's device again (strategy.root_device, which plan.device names)
+    device = trainer.strategy.root_device
+    assert device == plan.device, f"Lightning placed this rank on {device}, the course's policy on {plan.device}"
+    module.model.to(device)
+    val_loss, val_acc = evaluate(module.model, data.val_dataloader(), device, precision)
     meter = trainer.callbacks[0].meter  # the ThroughputCallback, first in make_trainer's list
     emit_result({
         "trainer": "lightning",
         "world_size": trainer.world_size,
         "launcher": plan.launcher,
         "hosts": cdist.ranks_per_host(),
-        "device": str(module.device),
+        "device": str(device),
         "ranks_agree": cdist.ranks_agree(module.model),
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
@@ -113,7 +118,7 @@ def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset
         "val_loss": val_loss,
         "val_acc": val_acc,
         "images_per_s_per_rank": meter.images_per_s if meter else None,
-        "peak_memory_mib": peak_memory_mib(module.device),
+        "peak_memory_mib": peak_memory_mib(device),
         "seconds": seconds,
     })
     return 0

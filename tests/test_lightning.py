@@ -45,8 +45,6 @@ def test_the_launcher_gives_devices_and_nodes():
     (1, None, SRUN_2x2, 2, "--devices 1 but the job runs --ntasks-per-node=2 on --nodes=2: pass --devices 2"),
     (None, 1, SRUN_2x2, 2, "--num-nodes 1 but the job runs --ntasks-per-node=2 on --nodes=2: pass --num-nodes 2"),
     (2, None, {"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4"}, 4, "torchrun started 4 process(es) per node"),
-    (None, None, {**SRUN_2x2, "SLURM_GPUS_PER_TASK": "1"}, 1, "--gpus-per-task (or GPU binding"),
-    (None, None, {**SRUN_2x2, "SLURM_GPU_BIND": "closest"}, 1, "gives each task only its own GPU"),
     (None, None, {k: v for k, v in SRUN_2x2.items() if k != "SLURM_STEP_NUM_TASKS"}, 2, "not started by srun"),
     (None, None, {"SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_STEP_NUM_TASKS": "4"}, 2,
      "request --ntasks-per-node=N"),
@@ -57,7 +55,7 @@ def test_a_layout_lightning_would_hang_or_fail_on_is_one_error(devices, nodes, e
 
 
 def test_too_few_gpus_is_an_error_on_cuda_and_the_cpu_on_auto():
-    with pytest.raises(LaunchMismatch, match="2 rank.s. per node but 1 GPU"):
+    with pytest.raises(LaunchMismatch, match="2 ranks on this node but 1 GPU"):
         plan_launch("cuda", 2, None, gpus_visible=1, env={})
     plan = plan_launch("auto", 2, None, gpus_visible=1, env={})
     assert plan.accelerator == "cpu" and "gloo" in plan.note
@@ -116,7 +114,8 @@ def test_the_loop_by_hand_never_puts_two_ranks_on_one_gpu():
     gpus = torch.cuda.device_count()
     run = run_script("ddp_loop.py", [*TINY, "--epochs", "1", "--device", "cuda"], nproc=gpus + 1, timeout_s=120,
                      check=False, echo=False)
-    assert run.returncode != 0 and f"{gpus + 1} ranks on this node but {gpus} GPU(s)" in run.output, run.output
+    said = "no CUDA GPU is visible" if gpus == 0 else f"{gpus + 1} ranks on .* but only {gpus} GPU"
+    assert run.returncode != 0 and re.search(said, run.output), run.output
     if gpus == 0:
         result = parse_result(run_script("ddp_loop.py", [*TINY, "--epochs", "1"], nproc=2, timeout_s=300,
                                          echo=False).output)

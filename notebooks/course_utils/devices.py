@@ -25,7 +25,7 @@ covers both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -191,15 +191,44 @@ def plan_demo(wanted: int, gpus: int, minimum: int = 1, fallback: str = "cpu",
                     f"GPU: this demo runs {wanted} ranks on the CPU with gloo")
 
 
+def cuda_unusable_note(nvml_gpus: int, torch_sees_gpu: bool, torch_cuda: str | None) -> str:
+    """One line when the node has GPUs that this torch cannot use, else "".
+
+    NVML (the driver's management library) counts the GPUs; the CUDA runtime inside torch
+    must also be able to drive them. A torch built for a newer CUDA than the driver supports
+    (CUDA 13 wheels need driver 580 or newer) sees none, and ``auto`` would train on the CPU
+    without a word.
+    """
+    if nvml_gpus <= 0 or torch_sees_gpu:
+        return ""
+    if torch_cuda is None:
+        return (f"this node has {nvml_gpus} GPU(s) but this torch is a CPU-only build: install a CUDA build "
+                "of torch (see envs/) to use them; running on the CPU")
+    return (f"this node has {nvml_gpus} GPU(s) but torch (built for CUDA {torch_cuda}) cannot use them: the "
+            "NVIDIA driver is probably older than that CUDA needs (nvidia-smi shows its version; CUDA 13 needs "
+            "driver 580 or newer). Load a newer driver/CUDA module or install a torch built for an older CUDA; "
+            "running on the CPU")
+
+
+_warned_unusable = False
+
+
 def local_view() -> RankView:
-    """What this process sees: its host name and its visible GPUs' UUIDs."""
+    """What this process sees: its host name and its visible GPUs' UUIDs (starts CUDA in this process)."""
     import socket
+    import sys
 
     import torch
 
+    global _warned_unusable
     gpus: tuple[str, ...] = ()
     if torch.cuda.is_available():
         gpus = tuple(str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count()))
+    elif not _warned_unusable:
+        note = cuda_unusable_note(torch.cuda.device_count(), False, torch.version.cuda)
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+            _warned_unusable = True
     return RankView(socket.gethostname(), gpus)
 
 
@@ -212,11 +241,37 @@ def add_device_flag(parser) -> None:
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
-def node_device(requested: str, ranks_on_node: int, gpus: int, local_rank: int) -> str:
-    """The device of a rank started by torchrun or srun: ``cuda:LOCAL_RANK`` when the node has a GPU
-    for each of its ranks, else ``cpu`` (gloo). Every rank of a node gets the same kind of answer, so
-    a group is never split between NCCL and gloo; ``cuda`` with too few GPUs raises PlacementError."""
+def gpus_bound(env: Mapping[str, str]) -> bool:
+    """Whether Slurm shows each task only its own GPU(s): ``--gpus-per-task`` or ``--gpu-bind``
+    (the course's ``COURSE_GPU_BIND`` sets ``SLURM_GPU_BIND``). Each task's GPU is then its ``cuda:0``."""
+    bind = env.get("SLURM_GPU_BIND", "").strip().lower()
+    return "SLURM_GPUS_PER_TASK" in env or (bind not in ("", "none") and not bind.startswith("none"))
+
+
+def node_device(requested: str, ranks_on_node: int, gpus: int, local_rank: int, bound: bool = False) -> str:
+    """The device of a rank whose process group a framework forms (Lightning, Fabric), from this
+    process's own view: ``gpus`` visible to it, the ranks on its node, its local rank, and whether
+    Slurm binds a GPU to each task (:func:`gpus_bound`).
+
+    Unbound, every rank sees all the node's GPUs and takes ``cuda:LOCAL_RANK`` when there is one
+    for each rank. Bound, each rank sees only its own: ``cuda:0``. Otherwise every rank of the node
+    gets the CPU (gloo), so a group is never split between NCCL and gloo; ``cuda`` then raises
+    :class:`PlacementError`. Scripts that form their own group are placed by :func:`place_ranks`
+    (GPU UUIDs compared across ranks) through ``course_utils.dist.init_distributed``.
+    """
     requested = _check_requested(requested)
-    if requested.startswith("cuda") and gpus < ranks_on_node:
+    if requested == "cpu":
+        return "cpu"
+    if bound and gpus >= 1:
+        if requested.startswith("cuda:") and int(requested[5:]) >= gpus:
+            raise PlacementError(f"--device {requested}, but Slurm binds {gpus} GPU(s) to this task (cuda:0 to "
+                                 f"cuda:{gpus - 1})")
+        return requested if requested.startswith("cuda:") else "cuda:0"
+    if gpus >= ranks_on_node and gpus > 0:
+        return requested if requested.startswith("cuda:") else f"cuda:{local_rank}"
+    if requested.startswith("cuda"):
+        if gpus == 0:
+            raise PlacementError("--device cuda, but this process sees no GPU: run on a GPU node (ask Slurm for "
+                                 "GPUs: --gres=gpu:N or --gpus-per-node=N), or use --device cpu")
         raise PlacementError(f"{ranks_on_node} ranks on this node but {gpus} GPU(s): start at most one rank per GPU")
-    return f"cuda:{local_rank}" if requested != "cpu" and gpus >= ranks_on_node else "cpu"
+    return "cpu"

@@ -12,6 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .precision import tf32 as tf32_switch
+from .precision import tf32_state
+
 
 def _cpu_model() -> str:
     try:
@@ -66,9 +69,52 @@ def gpu_report() -> list[dict[str, Any]]:
     return gpus
 
 
-def environment_report() -> dict[str, Any]:
-    """Everything notebook 00 shows, as a dictionary (also handy in job logs)."""
+def cuda_facts() -> dict[str, Any]:
+    """Whether torch can use CUDA, :func:`gpu_report`, and the cuDNN and NCCL versions, read here
+    (this starts CUDA in this process)."""
     cuda = torch.cuda.is_available()
+    facts: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_report() if cuda else [],
+                             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                             "nccl": None}
+    if cuda and dist.is_available() and dist.is_nccl_available():
+        try:
+            version = torch.cuda.nccl.version()
+            facts["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+        except Exception:
+            pass
+    return facts
+
+
+def _cuda_facts_fork_safe() -> dict[str, Any]:
+    """:func:`cuda_facts` without starting CUDA in this process.
+
+    A notebook kernel that has started CUDA cannot fork ranks (``ddp_notebook``,
+    ``multiprocessing`` with fork): their first CUDA call fails. So unless this
+    process has started CUDA already, the facts come from a short-lived Python
+    of its own. ``torch.cuda.device_count()`` asks NVML first and does not
+    start CUDA; with no GPU there is nothing to ask.
+    """
+    if torch.cuda.is_initialized() or torch.cuda.device_count() == 0:
+        return cuda_facts()
+    import json
+    import subprocess
+    import sys
+
+    from .launch import child_env
+
+    code = "import json; from course_utils.hardware import cuda_facts; print(json.dumps(cuda_facts()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"reading the GPUs in a subprocess failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def environment_report() -> dict[str, Any]:
+    """Everything notebook 00 shows, as a dictionary (also handy in job logs).
+
+    Safe in a notebook kernel that forks ranks later: it does not start CUDA here (:func:`_gpu_facts`).
+    """
+    facts = _cuda_facts_fork_safe()
     report: dict[str, Any] = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -78,11 +124,11 @@ def environment_report() -> dict[str, Any]:
         "cores_usable": usable_cores(),
         "memory_gib": round(_memory_gib(), 1),
         "torch": torch.__version__,
-        "cuda_available": cuda,
+        "cuda_available": facts["cuda_available"],
         "cuda_runtime": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "nccl": None,
-        "gpus": gpu_report() if cuda else [],
+        "cudnn": facts["cudnn"],
+        "nccl": facts["nccl"],
+        "gpus": facts["gpus"],
         "backends": {
             "gloo": dist.is_available() and dist.is_gloo_available(),
             "nccl": dist.is_available() and dist.is_nccl_available(),
@@ -91,8 +137,8 @@ def environment_report() -> dict[str, Any]:
         "flags": {
             "cudnn.enabled": torch.backends.cudnn.enabled,
             "cudnn.benchmark": torch.backends.cudnn.benchmark,
-            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+            "tf32 in convolutions": tf32_state()["conv"],
+            "tf32 in fp32 matmuls": tf32_state()["matmul"],
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
             "mkldnn": torch.backends.mkldnn.is_available(),
             "openmp": torch.backends.openmp.is_available(),
@@ -106,12 +152,6 @@ def environment_report() -> dict[str, Any]:
         report["torchvision"] = torchvision.__version__
     except Exception as exc:  # a broken torchvision should not hide the rest of the report
         report["torchvision"] = f"unavailable ({type(exc).__name__}: {exc})"
-    if cuda and report["backends"]["nccl"]:
-        try:
-            version = torch.cuda.nccl.version()
-            report["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
-        except Exception:
-            pass
     return report
 
 
@@ -168,9 +208,7 @@ def matmul_tflops(dtype: torch.dtype, n: int = 4096, device: str | torch.device 
     ``tf32=True`` with ``float32`` lets Ampere+ tensor cores do the fp32 matmul.
     """
     device = torch.device(device)
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    try:
+    with tf32_switch(tf32):
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
         for _ in range(2):  # warm-up: library loading, kernel selection
@@ -183,8 +221,6 @@ def matmul_tflops(dtype: torch.dtype, n: int = 4096, device: str | torch.device 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
     return 2 * n**3 * repeats / elapsed / 1e12
 
 

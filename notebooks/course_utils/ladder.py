@@ -20,6 +20,7 @@ import torch
 from .config import TrainConfig, changes, config_flags
 from .data import get_datasets, make_loader
 from .dist import choose_device
+from .precision import precision_for
 from .models import build_model
 from .trainer import Trainer
 
@@ -76,7 +77,7 @@ def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dic
         ("+ cudnn.benchmark", {"cudnn_benchmark": True}, no_gpu),
         ("+ TF32", {"tf32": True}, ampere if gpu else no_gpu),
         ("+ channels_last", {"channels_last": True}, None),
-        ("+ AMP (" + ("bf16" if not gpu or torch.cuda.is_bf16_supported() else "fp16") + ")",
+        ("+ AMP (" + precision_for("amp", device.type, _gpu_cc(device)) + ")",
          {"precision": "amp"}, None),
         ("+ torch.compile", {"compile": True}, compile_skip),
     ]

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +60,25 @@ def script_path(name: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"no script {path}; the course's scripts live in {SCRIPTS}")
     return path
+
+
+@contextlib.contextmanager
+def temporary_env(variables: Mapping[str, str]) -> Iterator[None]:
+    """Set ``variables`` in this process's environment inside the block only.
+
+    A notebook kernel's environment is handed to every script it launches later (:func:`child_env`):
+    what a library must read at import time is set around the import and taken back after it.
+    """
+    before = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

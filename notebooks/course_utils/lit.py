@@ -34,6 +34,7 @@ from torch.utils.data import Dataset
 from .checkpoint import CheckpointError
 from .config import TrainConfig, resume_mismatch
 from .data import make_loader
+from .devices import PlacementError, gpus_bound, node_device
 from .dist import collective_timeout_s
 from .precision import resolve_precision, set_tf32
 from .preemption import StopRequest
@@ -179,17 +180,32 @@ class StopOnSignal(L.Callback):
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What the Lightning or Fabric launcher gets: the accelerator and the layout of ranks."""
+    """What the Lightning or Fabric launcher gets: the layout of ranks and this rank's device."""
 
     accelerator: str  # "gpu" or "cpu"
     devices: int  # ranks per node
     num_nodes: int
     launcher: str  # slurm | torchrun | none (Lightning starts the processes itself)
     note: str = ""
+    # the device of each local rank, handed to the strategy (parallel_devices) so that Lightning does
+    # not count GPUs itself: under a launcher only this rank's entry is used (cuda:0 when Slurm binds
+    # a GPU to each task, cuda:LOCAL_RANK when every task sees the node's GPUs)
+    parallel_devices: tuple[str, ...] = ()
+    local_rank: int = 0  # this process's (0 where Lightning starts the ranks: the kernel's own process)
 
     @property
     def world_size(self) -> int:
         return self.devices * self.num_nodes
+
+    @property
+    def single_device(self) -> int | list[int]:
+        """``devices=`` for a run of one process: its GPU's index, or one CPU."""
+        return [self.device.index] if self.device.type == "cuda" else 1
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device (Lightning's ``strategy.root_device``), known before Lightning starts."""
+        return torch.device(self.parallel_devices[self.local_rank] if self.parallel_devices else "cpu")
 
 
 def _slurm_int(value: str) -> int:
@@ -198,14 +214,21 @@ def _slurm_int(value: str) -> int:
 
 def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_visible: int | None = None,
                 env: Mapping[str, str] | None = None) -> LaunchPlan:
-    """Check ``--devices``/``--num-nodes`` against the launcher and choose the accelerator.
+    """Check ``--devices``/``--num-nodes`` against the launcher and place this rank, before Lightning starts.
 
-    Under ``srun`` Lightning takes the ranks from Slurm and skips its own check of
-    ``devices``/``num_nodes``; a plain ``python`` in a multi-task batch script leaves
-    Lightning waiting for ranks that never start. Each case is one :class:`LaunchMismatch`.
+    Lightning checks ``devices``/``num_nodes`` against Slurm's task layout only once it starts its
+    processes; a plain ``python`` in a multi-task batch script leaves it waiting for ranks that
+    never start; and it puts local rank r on GPU r, which under Slurm's GPU binding
+    (``--gpus-per-task``, ``--gpu-bind``) is a GPU the task cannot see. Each mistake is one
+    :class:`LaunchMismatch` here, and the device comes from the course's one policy
+    (:func:`course_utils.devices.node_device`), handed to Lightning as the strategy's
+    ``parallel_devices``. ``gpus_visible`` and ``env`` are this process's facts (read when not given).
     """
     env = os.environ if env is None else env
-    gpus = torch.cuda.device_count() if gpus_visible is None else gpus_visible
+    if gpus_visible is None:
+        gpus_visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpus_visible
+    local_rank = 0
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         launcher = "slurm"
         if _slurm_int(env["SLURM_NTASKS"]) > 1 and "SLURM_STEP_NUM_TASKS" not in env:
@@ -215,11 +238,13 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
             raise LaunchMismatch("Lightning needs the tasks per node: request --ntasks-per-node=N (with --nodes), "
                                  "not --ntasks")
         per_node, nodes = _slurm_int(env.get("SLURM_NTASKS_PER_NODE", "1")), _slurm_int(env.get("SLURM_NNODES", "1"))
+        local_rank = int(env.get("SLURM_LOCALID", "0") or 0)
         where = f"the job runs --ntasks-per-node={per_node} on --nodes={nodes}"
     elif "LOCAL_WORLD_SIZE" in env and "WORLD_SIZE" in env:
         launcher = "torchrun"
         per_node = int(env["LOCAL_WORLD_SIZE"])
         nodes = max(1, int(env["WORLD_SIZE"]) // per_node)
+        local_rank = int(env.get("LOCAL_RANK", "0") or 0)
         where = f"torchrun started {per_node} process(es) per node on {nodes} node(s)"
     else:
         launcher, per_node, nodes, where = "none", devices or 1, num_nodes or 1, ""
@@ -229,22 +254,21 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
     if num_nodes is not None and num_nodes != nodes:
         raise LaunchMismatch(f"--num-nodes {num_nodes} but {where}: pass --num-nodes {nodes}, or leave it out")
 
-    if device == "cpu":
-        return LaunchPlan("cpu", per_node, nodes, launcher)
-    # each rank drives the GPU of its local rank, so every rank must see all of its node's GPUs
-    if gpus >= per_node and gpus > 0:
-        return LaunchPlan("gpu", per_node, nodes, launcher)
-    if per_node > 1 and ("SLURM_GPUS_PER_TASK" in env or "SLURM_GPU_BIND" in env):
-        raise LaunchMismatch("--gpus-per-task (or GPU binding: --gpu-bind, COURSE_GPU_BIND) gives each task only "
-                             "its own GPU, and Lightning puts rank r of a node on GPU r: request "
-                             f"--gpus-per-node={per_node} (or --gres=gpu:{per_node}) with "
-                             f"--ntasks-per-node={per_node}, and no binding")
-    if device == "cuda":
-        raise LaunchMismatch(f"{per_node} rank(s) per node but {gpus} GPU(s) visible: NCCL drives one GPU per rank; "
-                             f"start at most {gpus} rank(s) per node, or use --device auto to run on the CPU")
-    note = "" if gpus == 0 else (f"{per_node} ranks per node but only {gpus} GPU(s): every rank runs on the CPU "
-                                 "with gloo (NCCL never puts two ranks on one GPU)")
-    return LaunchPlan("cpu", per_node, nodes, launcher, note)
+    bound = launcher == "slurm" and gpus_bound(env)
+    try:
+        mine = node_device(device, per_node, gpus, local_rank, bound)
+    except (PlacementError, ValueError) as exc:
+        raise LaunchMismatch(str(exc)) from exc
+    if mine == "cpu":
+        note = "" if gpus == 0 or device == "cpu" else (
+            f"{per_node} ranks per node but only {gpus} GPU(s): every rank runs on the CPU with gloo "
+            "(NCCL never puts two ranks on one GPU)")
+        return LaunchPlan("cpu", per_node, nodes, launcher, note, ("cpu",) * per_node, local_rank)
+    if launcher == "none":  # Lightning starts the ranks itself, each sees every GPU: rank r takes GPU r
+        placed = tuple(f"cuda:{r}" for r in range(per_node))
+    else:  # only this rank's entry is read (Lightning's root_device is parallel_devices[local_rank])
+        placed = (mine,) * per_node
+    return LaunchPlan("gpu", per_node, nodes, launcher, "", placed, local_rank if launcher != "none" else 0)
 
 
 def quiet_lightning() -> None:
@@ -276,13 +300,17 @@ def latest_checkpoint(folder: str | Path | None) -> str | None:
 
 def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
     """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout, TensorBoard, checkpoints, requeue."""
-    device = torch.device("cuda" if plan.accelerator == "gpu" else "cpu")
-    precision = resolve_precision(config.precision, device)
+    precision = resolve_precision(config.precision, plan.device)
     set_tf32(config.tf32)
     strategy: Any = "auto"
-    if plan.world_size > 1:
+    devices: Any = plan.devices
+    if plan.world_size > 1:  # this rank's device from the course's policy, not Lightning's count of GPUs
         strategy = DDPStrategy(timeout=timedelta(seconds=collective_timeout_s()), bucket_cap_mb=config.bucket_cap_mb,
-                               gradient_as_bucket_view=config.grad_as_bucket_view)
+                               gradient_as_bucket_view=config.grad_as_bucket_view,
+                               parallel_devices=[torch.device(d) for d in plan.parallel_devices])
+        devices = "auto"  # the strategy's parallel_devices decide; a count would be checked against visible GPUs
+    else:
+        devices = plan.single_device
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
     if config.ckpt_dir:
         # last.ckpt each epoch (and every N steps), from rank 0, replacing the one before. Not
@@ -294,7 +322,7 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
     if plan.launcher == "slurm":  # Lightning's own requeue off: StopOnSignal and the batch script do it
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return L.Trainer(
-        accelerator=plan.accelerator, devices=plan.devices, num_nodes=plan.num_nodes, strategy=strategy,
+        accelerator=plan.accelerator, devices=devices, num_nodes=plan.num_nodes, strategy=strategy,
         precision=LIGHTNING_PRECISION[precision], max_epochs=config.epochs,
         limit_train_batches=config.steps_per_epoch or 1.0, accumulate_grad_batches=config.grad_accum,
         benchmark=config.cudnn_benchmark, log_every_n_steps=config.log_every,

@@ -3,6 +3,13 @@
 ``fp32`` everywhere (with TF32 tensor cores inside matmuls and convolutions
 when switched on), or autocast to ``bf16`` or ``fp16`` (with a GradScaler);
 ``amp`` picks the better of the two for the device.
+
+What a GPU can do is decided from its compute capability, a fact of the
+hardware: bf16 and TF32 tensor cores from Ampere (8.0) on. Not from
+``torch.cuda.is_bf16_supported()``, which by default also counts bf16 that
+is only *emulated* (it says yes on Frontera's Turing RTX 5000, where cuDNN has
+no bf16 convolutions) and allocates a tensor on the current GPU to find out,
+so a rank that calls it before ``set_device`` opens a context on GPU 0.
 """
 
 from __future__ import annotations
@@ -12,20 +19,29 @@ import contextlib
 import torch
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp")
+BF16_MIN_CAPABILITY = (8, 0)  # Ampere: bf16 and TF32 tensor cores
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """Turn ``amp`` into ``bf16`` or ``fp16`` for this device; reject what it cannot do."""
+def precision_for(precision: str, device_type: str, capability: tuple[int, int] | None = None,
+                  gpu_name: str = "this GPU") -> str:
+    """The precision a run uses, from the hardware facts alone (tested without a GPU).
+
+    ``amp`` becomes ``bf16`` where the GPU has bf16 tensor cores (compute capability >= 8.0)
+    and ``fp16`` (with a GradScaler) before that; on a CPU it becomes ``bf16``. A format the
+    device cannot run is refused with what to use instead.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
-    if device.type == "cuda":
-        bf16_ok = torch.cuda.is_bf16_supported()
+    if device_type == "cuda":
+        if capability is None:
+            raise ValueError("a GPU's precision needs its compute capability")
+        bf16_ok = tuple(capability) >= BF16_MIN_CAPABILITY
         if precision == "amp":
             return "bf16" if bf16_ok else "fp16"
         if precision == "bf16" and not bf16_ok:
             raise ValueError(
-                f"{torch.cuda.get_device_name(device)} has no bf16 support "
-                "(pre-Ampere, e.g. Frontera's RTX 5000): use --precision fp16 or amp."
+                f"{gpu_name} (compute capability {capability[0]}.{capability[1]}) has no bf16 tensor cores "
+                "(they came with Ampere, 8.0; Frontera's RTX 5000 is Turing, 7.5): use --precision fp16 or amp."
             )
         return precision
     if precision == "amp":
@@ -35,16 +51,71 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """Turn ``amp`` into ``bf16`` or ``fp16`` for ``device``; reject what it cannot do.
+
+    Reads only the device's properties (no allocation, no context on another rank's GPU).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return precision_for(precision, device.type)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    return precision_for(precision, "cuda", (props.major, props.minor), props.name)
+
+
+def _new_tf32_api() -> bool:
+    """``fp32_precision`` (torch >= 2.9) replaces ``allow_tf32``; mixing the two makes torch raise on reads."""
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+
+
 def set_tf32(enabled: bool | None) -> None:
     """TF32 tensor-core math for fp32 matmuls and convolutions (Ampere and later).
 
     A process-wide switch: 10 mantissa bits instead of 23 inside the matmul,
     fp32 everywhere else. ``None`` restores PyTorch's defaults (convolutions
     may use TF32, matmuls do not), which is what a textbook loop runs with.
-    It has no effect on CPUs or pre-Ampere GPUs.
+    It has no effect on CPUs or pre-Ampere GPUs. Uses ``fp32_precision`` where
+    torch has it, ``allow_tf32`` (deprecated in 2.9) where it does not.
     """
-    torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
-    torch.backends.cudnn.allow_tf32 = True if enabled is None else enabled
+    matmul = bool(enabled)
+    conv = True if enabled is None else bool(enabled)
+    if _new_tf32_api():
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
+        torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
+    else:  # pragma: no cover - torch < 2.9
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = conv
+
+
+def tf32_state() -> dict[str, bool]:
+    """Whether fp32 matmuls and convolutions may use TF32 now (read with the API :func:`set_tf32` writes)."""
+    if _new_tf32_api():
+        matmul = torch.backends.cuda.matmul.fp32_precision
+        if matmul == "none":  # not set: torch.set_float32_matmul_precision decides
+            matmul = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+        return {"matmul": matmul == "tf32", "conv": torch.backends.cudnn.conv.fp32_precision in ("tf32", "none")}
+    return {"matmul": torch.backends.cuda.matmul.allow_tf32,  # pragma: no cover - torch < 2.9
+            "conv": torch.backends.cudnn.allow_tf32}
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool):
+    """TF32 for fp32 matmuls inside the block only (the matmul benchmark's switch)."""
+    before = tf32_state()
+    if _new_tf32_api():
+        previous = torch.backends.cuda.matmul.fp32_precision
+        torch.backends.cuda.matmul.fp32_precision = "tf32" if enabled else "ieee"
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.fp32_precision = previous
+    else:  # pragma: no cover - torch < 2.9
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = before["matmul"]
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

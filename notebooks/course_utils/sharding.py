@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .config import TrainConfig, unsupported
-from .devices import PlacementError, node_device
+from .devices import PlacementError
+from .dist import DistEnv, RendezvousError, free_port, init_distributed
 from .models import CHECKPOINTABLE
 from .precision import resolve_precision
 
@@ -81,42 +82,64 @@ def add_sharding_args(parser: argparse.ArgumentParser, title: str) -> argparse._
     return group
 
 
-def rank_device_and_precision(cfg: TrainConfig, script: str, left_out: set[str],
-                              activation_checkpointing: bool = False) -> tuple[torch.device, str]:
-    """This rank's device (``devices.node_device``) and precision; one line and exit 1 when ``cfg``
-    asks for what ``script`` leaves out, for a layout the node cannot hold, or for activation
-    checkpointing of a model not written for it."""
+def start_rank(cfg: TrainConfig, script: str, left_out: set[str],
+               activation_checkpointing: bool = False) -> tuple[DistEnv, torch.device, str]:
+    """Join the run's process group through the course's door (``dist.init_distributed``: one GPU per
+    rank, ``set_device`` and ``device_id`` before the group exists, GPU binding understood) and return
+    who this rank is, its device and its precision. One line and exit 1 when ``cfg`` asks for what
+    ``script`` leaves out, for a layout the node cannot hold, or for activation checkpointing of a
+    model not written for it. With one process the group is a group of one."""
     try:
         unsupported(cfg, script, left_out)
         if activation_checkpointing and cfg.model not in CHECKPOINTABLE:
             raise ValueError(f"--activation-checkpointing is written for --model {' or '.join(CHECKPOINTABLE)}")
-        device = torch.device(node_device(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                                          torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK", 0))))
-        return device, resolve_precision(cfg.precision, device)
-    except (ValueError, PlacementError) as exc:
+        info, device = init_distributed(cfg.device, group_of_one=True)  # ZeRO and FSDP2 need a group, even of one
+        return info, device, resolve_precision(cfg.precision, device)
+    except (ValueError, PlacementError, RendezvousError) as exc:
         sys.exit(f"error: {exc}")
+
+
+def fsdp_precision(requested: str, resolved: str) -> tuple[str, str]:
+    """The precision train_fsdp.py runs in, and a one-line note when it is not what was asked.
+
+    FSDP2 here computes in bf16 or fp32. fp16 would need a gradient scaler over sharded
+    gradients; on a GPU without bf16 (Frontera's RTX 5000) ``amp`` resolves to fp16, and the run
+    falls back to fp32 and says so; ``--precision fp16`` asked for by name is refused.
+    """
+    if resolved != "fp16":
+        return resolved, ""
+    if requested == "amp":
+        return "fp32", ("note: this GPU has no bf16 and train_fsdp.py does not train in fp16 (that needs a sharded "
+                        "gradient scaler): running in fp32")
+    raise ValueError("train_fsdp.py trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): use "
+                     "--precision bf16 on Ampere or newer, fp32 (or amp) on older GPUs, or train_deepspeed.py, "
+                     "whose fp16 has loss scaling")
 
 
 # --------------------------------------------------------------------------- #
 # DeepSpeed
 # --------------------------------------------------------------------------- #
-def deepspeed_env(use_gpu: bool) -> None:
-    """Set, before ``import deepspeed``: the accelerator (DeepSpeed picks it when imported), where
-    its C++ ops are built (once per Python environment, ``sys.prefix/torch_extensions``, not in a
-    home folder shared by every environment and torch version), and outside a launcher the
-    variables of a one-process group."""
-    if not use_gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
-    if "WORLD_SIZE" not in os.environ:  # plain `python script.py`: a group of one (DeepSpeed would look for MPI)
-        from .dist import free_port
+def deepspeed_env(use_gpu: bool, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables to set before ``import deepspeed`` (returned, not set): the accelerator
+    (DeepSpeed picks it when imported), where its C++ ops are built (once per Python environment,
+    ``sys.prefix/torch_extensions``, not in a home folder shared by every environment and torch
+    version), and outside a launcher those of a one-process group. Only what ``environ`` lacks.
 
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
+    A script sets them in its own process (``os.environ.update``); a notebook kernel sets them only
+    around its import (``launch.temporary_env``), so that no later script inherits them.
+    """
+    environ = os.environ if environ is None else environ
+    wanted = {"TORCH_EXTENSIONS_DIR": str(Path(sys.prefix) / "torch_extensions")}
+    if not use_gpu:
+        wanted["DS_ACCELERATOR"] = "cpu"
+    if "WORLD_SIZE" not in environ:  # plain `python script.py`: a group of one (DeepSpeed would look for MPI)
+        wanted.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
+    return {k: v for k, v in wanted.items() if k not in environ}
 
 
 def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload: bool = False,
-              clip: float = 1.0, bucket_elements: int = 2_000_000) -> dict[str, Any]:
+              clip: float = 1.0, bucket_elements: int = 2_000_000, use_gpu: bool = False) -> dict[str, Any]:
     """The DeepSpeed configuration of a course run (notebook 07 explains it field by field)."""
     zero: dict[str, Any] = {
         "stage": stage,
@@ -133,7 +156,8 @@ def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload:
         })
     if offload:
         # the fp32 master weights, the moments and the optimizer step move to the CPU's memory
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        # page-locked on a GPU node: the copies to and from the GPU then run at full PCIe speed
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": use_gpu}
     return {
         # the global batch: per-rank batch x accumulation x ranks (DeepSpeed checks the product)
         "train_batch_size": cfg.batch_size * cfg.grad_accum * world,
@@ -149,7 +173,9 @@ def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload:
         "zero_force_ds_cpu_optimizer": False,
         # ZeRO was tested by DeepSpeed with Adam-like optimizers; the course's SGD works too, when allowed
         "zero_allow_untested_optimizer": True,
-        # counts every collective DeepSpeed calls (read back by collectives_per_step)
+        # counts every collective DeepSpeed calls (read back by collectives_per_step). It also waits
+        # for each collective to finish, so the script counts only during the untimed first steps
+        # and then switches it off (stop_counting_collectives): images/s is measured without it.
         "comms_logger": {"enabled": True, "verbose": False, "prof_all": True, "debug": False},
         "steps_per_print": 10**9,  # the course prints its own progress
     }
@@ -219,6 +245,23 @@ def collectives_per_step(steps: int) -> dict[str, float]:
     return {op: round(n / steps, 2) for op, n in sorted(calls.items()) if op not in ("barrier", "broadcast")}
 
 
+def start_counting_collectives() -> None:
+    """Forget the collectives of set-up (broadcasting and partitioning the model): count the steps only."""
+    from deepspeed.comm import comms_logger
+
+    comms_logger.comms_dict.clear()
+
+
+def stop_counting_collectives(steps: int) -> dict[str, float]:
+    """:func:`collectives_per_step` over the ``steps`` optimizer steps so far, then the comms logger off:
+    it synchronises after every collective, which would serialise communication in the timed steps."""
+    import deepspeed.comm
+
+    counted = collectives_per_step(steps)
+    deepspeed.comm.configure(enabled=False)
+    return counted
+
+
 # --------------------------------------------------------------------------- #
 # FSDP2
 # --------------------------------------------------------------------------- #
@@ -246,7 +289,7 @@ def warm_deepspeed_ops() -> None:
     Here that is the CPU accelerator's shared-memory collectives; a GPU node builds nothing."""
     import torch
 
-    deepspeed_env(use_gpu=torch.cuda.is_available())
+    os.environ.update(deepspeed_env(use_gpu=torch.cuda.device_count() > 0))  # (make setup's own process)
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 

@@ -3,6 +3,11 @@
 ``ci`` is small enough for a 2-core CPU machine under CI; ``full`` is what a
 GPU node should run. Unset, the profile is ``full`` when a GPU is visible and
 ``ci`` otherwise, so a laptop and a cluster both do the sensible thing.
+
+Notebook kernels call this before they fork ranks, so it must not start CUDA:
+it counts GPUs with ``torch.cuda.device_count()``, which asks NVML, not
+``torch.cuda.is_available()``, which initialises the CUDA driver (a forked
+child then cannot use the GPU).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ def current_profile() -> str:
     """Return ``"ci"`` or ``"full"``; raise ``ValueError`` on anything else."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if not value:
-        return "full" if torch.cuda.is_available() else "ci"
+        return "full" if torch.cuda.device_count() > 0 else "ci"
     if value not in PROFILES:
         raise ValueError(
             f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not a valid profile; "
@@ -40,6 +45,6 @@ def pick(ci: T, full: T, device: str | None = None) -> T:
     """
     if current_profile() == "ci":
         return ci
-    if device is not None and str(device).startswith("cpu") and torch.cuda.is_available():
+    if device is not None and str(device).startswith("cpu") and torch.cuda.device_count() > 0:
         return ci
     return full

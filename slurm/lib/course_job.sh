@@ -117,8 +117,10 @@ if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
     export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 fi
 # Optional GPU binding for srun (e.g. COURSE_GPU_BIND=closest where the cluster's gres.conf
-# records GPU affinity): each task then sees only its own GPU, as its cuda:0. The course's
-# scripts place ranks by GPU UUID and handle both; a script that picks cuda:$LOCAL_RANK does not.
+# records GPU affinity): each task then sees only its own GPU, as its cuda:0. Every course script
+# handles both: those that form their own process group compare GPU UUIDs across ranks
+# (course_utils.dist.init_distributed), Lightning and Fabric read the binding from Slurm's
+# variables (course_utils.lit.plan_launch); a script that picks cuda:$LOCAL_RANK does not.
 if [[ -n "${COURSE_GPU_BIND:-}" ]]; then
     export SLURM_GPU_BIND="$COURSE_GPU_BIND"
 fi

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from ..devices import local_view, place_ranks
+from ..devices import gpus_bound, local_view, node_device, place_ranks
 from .env import DistEnv, detect_env
 from .rendezvous import rendezvous
 
@@ -40,6 +40,7 @@ def init_distributed(
     backend: str | None = None,
     timeout_s: float | None = None,
     join_timeout_s: float | None = None,
+    group_of_one: bool = False,
 ) -> tuple[DistEnv, torch.device]:
     """Join the process group if a launcher started several processes.
 
@@ -53,10 +54,22 @@ def init_distributed(
     :func:`course_utils.devices.place_ranks`: one GPU per rank with NCCL, never
     two ranks on one GPU; with ``auto``, a host with more ranks than GPUs runs
     every rank on the CPU with gloo and rank 0 says why in one line.
+
+    ``group_of_one``: started without a launcher, still form a group (of one
+    process), for libraries that need one (FSDP2's device mesh, DeepSpeed).
     """
     info = detect_env()
-    if not info.is_distributed or dist.is_initialized():
-        return info, choose_device(device)
+    if dist.is_initialized():  # formed elsewhere (a framework, an earlier call): its ranks' devices are set
+        return info, _group_device()
+    if not info.is_distributed:
+        dev = choose_device(device)
+        if group_of_one:
+            if dev.type == "cuda":
+                torch.cuda.set_device(dev)
+            atexit.register(_release_at_exit)
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                    world_size=1, device_id=dev if dev.type == "cuda" else None)
+        return info, dev
 
     if timeout_s is None:
         timeout_s = collective_timeout_s()
@@ -82,6 +95,34 @@ def init_distributed(
         device_id=dev if dev.type == "cuda" else None,
     )
     return info, dev
+
+
+def _group_device() -> torch.device:
+    """This rank's device in a process group that already exists: its current GPU under NCCL, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def rank_device(requested: str = "auto", env: dict[str, str] | None = None) -> torch.device:
+    """The device of this rank when a framework forms the process group (Lightning, Fabric, Ray Train).
+
+    The same policy as :func:`init_distributed`, decided from this process's own view, since no
+    group exists yet to compare GPUs across ranks (:func:`course_utils.devices.node_device`): one
+    GPU per rank, ``cuda:0`` when Slurm binds a GPU to each task, else every rank of the node on
+    the CPU. The GPU is made current here (``set_device``), so nothing a framework allocates
+    before its own ``set_device`` lands on GPU 0. Hand the result to the framework (the course's
+    Lightning scripts pass it as the strategy's ``parallel_devices``) instead of letting it count GPUs.
+    """
+    env = dict(os.environ) if env is None else env
+    info = detect_env(env)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        local_view()  # says in one line why a node with GPUs is not using them
+    dev = torch.device(node_device(requested, info.local_world_size, gpus, info.local_rank, gpus_bound(env)))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
 
 
 @contextlib.contextmanager

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Wheels for `make gpu-check` on a GPU machine that reaches no package index (the course's lent
+# H100/H200: Python 3.12 with its own torch 2.11, Lightning, TensorBoard, matplotlib and pytest).
+#
+#   scripts/gpu_wheels.sh download    # here, with a package index: what that machine lacks, at the
+#                                     # versions of constraints.txt, in .whl/carry-1 and .whl/carry-2
+#   scripts/gpu_wheels.sh install     # there, in the repository, after each carry: collects the
+#                                     # pieces in /tmp/course-wheels, installs what is whole into
+#                                     # /tmp/course-site; then: export PYTHONPATH=/tmp/course-site
+#
+# One call may carry at most 64 MiB and Ray's wheel alone is about 79 MB, so `download` splits every
+# wheel into pieces of at most 30 MiB and deals them into two folders of under 64 MiB each. Carry
+# .whl/carry-1 in one call and .whl/carry-2 in the next, while the machine stays warm (/tmp outlives
+# a call, not the machine); each call runs `install`, which installs the wheels whose pieces have all
+# arrived. The machine's own packages are never replaced: only missing ones are carried.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WHL=.whl
+PIECE=30m
+# What the lent machine's image already holds (its package list in the device tool's KINDS.md),
+# and what a notebook run does not need (the JupyterLab server and its widgets).
+THERE='^(cuda-.*|torch|torchvision|torchaudio|triton|nvidia-.*|lightning.*|pytorch-lightning|torchmetrics|numpy|matplotlib|pytest.*|pandas|scipy|pillow|tensorboard.*|psutil|packaging|pyyaml|filelock|fsspec|jinja2|markupsafe|sympy|mpmath|networkx|typing-extensions|requests|urllib3|idna|certifi|charset-normalizer|attrs|click|protobuf|grpcio|msgpack|tqdm|aiohttp|aiosignal|frozenlist|multidict|yarl|propcache|aiohappyeyeballs|six|python-dateutil|pygments|rich|markdown-it-py|mdurl|contourpy|cycler|fonttools|kiwisolver|pyparsing|setuptools|wheel|pip|werkzeug|markdown|absl-py|cloudpickle|h5py|py-cpuinfo|einops|iniconfig|pluggy|coverage|execnet|hypothesis|sortedcontainers|joblib|threadpoolctl|scikit-learn|pyarrow|wrapt|zipp|anyio|h11|httpcore|httpx|sniffio|decorator|prometheus-client|nvidia-ml-py)$'
+NOT_NEEDED='^(jupyterlab.*|jupyter-server.*|jupyter-lsp|jupyter-events|jupyter-builder|notebook-shim|terminado|send2trash|argon2-.*|babel|json5|async-lru|ipywidgets|widgetsnbextension|overrides|rfc3.*|uri-template|webcolors|fqdn|isoduration|arrow|lark|python-json-logger|websocket-client|bleach|tinycss2|webencodings|defusedxml|mistune|nbconvert|pandocfilters|beautifulsoup4|soupsieve|jupyterlab-pygments|cffi|pycparser|pexpect|ptyprocess)$'
+
+download() {
+    rm -rf "$WHL" && mkdir -p "$WHL/all" "$WHL/carry-1" "$WHL/carry-2"
+    grep -E '^[A-Za-z0-9]' constraints.txt | while IFS='=' read -r name _ version; do
+        norm=$(echo "$name" | tr 'A-Z_.' 'a-z--')
+        if [[ "$norm" =~ $THERE || "$norm" =~ $NOT_NEEDED ]]; then continue; fi
+        if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+                --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+                --platform any -d "$WHL/all" "$name==$version" 2>/dev/null; then
+            # a package published as source only (DeepSpeed): its pure-Python wheel, built here
+            python3 -m pip wheel --quiet --no-deps -w "$WHL/all" "$name==$version"
+        fi
+    done
+    local n=0
+    for wheel in "$WHL"/all/*.whl; do  # pieces dealt alternately: both folders stay under 64 MiB
+        split -b "$PIECE" -d -a 2 "$wheel" "$WHL/piece-"
+        for piece in "$WHL"/piece-*; do
+            n=$((n + 1))
+            mv "$piece" "$WHL/carry-$(( (n % 2) + 1 ))/$(basename "$wheel").${piece##*-}"
+        done
+    done
+    rm -rf "$WHL/all"
+    du -sh "$WHL"/carry-*
+    echo "carry .whl/carry-1 in one device call and .whl/carry-2 in the next; each runs: scripts/gpu_wheels.sh install"
+}
+
+install() {
+    local pieces=/tmp/course-wheels site=/tmp/course-site
+    mkdir -p "$pieces" "$site"
+    for folder in "$WHL"/carry-*; do
+        [[ -d "$folder" ]] && cp "$folder"/* "$pieces"/ 2>/dev/null || true
+    done
+    local whole=() missing=0
+    for first in "$pieces"/*.whl.00; do
+        [[ -e "$first" ]] || continue
+        local wheel="${first%.00}" count
+        count=$(ls "$wheel".* | wc -l)
+        # a wheel is whole when its pieces add up to a valid zip
+        cat "$wheel".* > "$wheel" 2>/dev/null
+        if python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).testzip()" "$wheel" 2>/dev/null; then
+            whole+=("$wheel")
+        else
+            rm -f "$wheel"; missing=$((missing + 1))
+        fi
+    done
+    if ((${#whole[@]})); then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${whole[@]}"
+    fi
+    echo "${#whole[@]} wheel(s) installed in $site, $missing still waiting for pieces; export PYTHONPATH=$site"
+}
+
+case "${1:-}" in
+    download) download ;;
+    install) install ;;
+    *) echo "usage: $0 download|install (see the comment at the top)" >&2; exit 2 ;;
+esac
