@@ -1,8 +1,8 @@
-"""Lightning and Fabric on the course's pieces: the launch checks, and the four trainers on 2 processes.
+"""Lightning and Fabric on the course's pieces: the launch checks and the refusals.
 
-scripts/train.py (the course's Trainer), scripts/ddp_loop.py (the loop by hand),
-scripts/train_lightning.py and scripts/train_fabric.py run the same model on the same
-data from the same seed, so they must end at the same validation loss.
+Notebook 06 runs the four trainers (train.py, ddp_loop.py, train_lightning.py, train_fabric.py)
+on the same model, data and seed and checks that they reach the same loss, and resumes a
+Lightning run; those checks live there. Here: what a notebook cannot show, the mistakes.
 """
 
 import re
@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-from course_utils.events import scalars
 from course_utils.launch import run_command, run_script
 from course_utils.lit import LaunchMismatch, latest_checkpoint, plan_launch
 from course_utils.paths import SCRIPTS
@@ -19,8 +18,6 @@ from course_utils.results import parse_result
 
 TINY = ["--model", "cnn", "--epochs", "2", "--n-train", "1024", "--n-val", "256", "--batch-size", "32",
         "--workers", "0", "--no-progress"]
-TRAINERS = ("train.py", "ddp_loop.py", "train_lightning.py", "train_fabric.py")
-SAME_LOSS_REL = 1e-4  # the same float32 arithmetic in every trainer; only summation order may differ
 
 SRUN_2x2 = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_JOB_NAME": "train",
             "SLURM_STEP_NUM_TASKS": "4"}
@@ -61,18 +58,6 @@ def test_too_few_gpus_is_an_error_on_cuda_and_the_cpu_on_auto():
     assert plan.accelerator == "cpu" and "gloo" in plan.note
 
 
-def test_the_four_trainers_reach_the_same_loss_on_two_processes():
-    results = {name: parse_result(run_script(name, TINY, nproc=2, timeout_s=300, echo=False).output)
-               for name in TRAINERS}
-    reference = results["train.py"]
-    for name, r in results.items():
-        assert r["world_size"] == 2 and r["ranks_agree"], (name, r)
-        assert r["train_loss"][-1] < r["train_loss"][0], f"{name}: the loss falls"
-        assert r["global_step"] == reference["global_step"] == 2 * 1024 // 2 // 32, (name, r)
-        assert r["val_loss"] == pytest.approx(reference["val_loss"], rel=SAME_LOSS_REL), (name, r)
-        assert r["peak_memory_mib"] > 0 and r["images_per_s_per_rank"] > 0
-
-
 def test_a_mismatched_layout_stops_before_training_with_one_line():
     run = run_script("train_lightning.py", [*TINY, "--devices", "1"], nproc=2, timeout_s=120, check=False,
                      echo=False)
@@ -91,17 +76,11 @@ def test_a_flag_the_script_leaves_out_is_named(script):
     assert "Traceback" not in run.output
 
 
-def test_lightning_resumes_from_last_ckpt_and_refuses_another_configuration(tmp_path):
-    ckpt = ["--ckpt-dir", str(tmp_path), "--log-dir", str(tmp_path / "tb")]
-    first = parse_result(run_script("train_lightning.py", [*TINY, "--epochs", "1", *ckpt], echo=False).output)
+def test_lightning_refuses_to_resume_another_configuration(tmp_path):
+    """(Notebook 06 resumes a run and reads its TensorBoard log across both; here: the refusal.)"""
+    ckpt = ["--ckpt-dir", str(tmp_path)]
+    run_script("train_lightning.py", [*TINY, "--epochs", "1", *ckpt], echo=False)
     assert latest_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
-    assert scalars(tmp_path / "tb", "train_loss")[0], "TensorBoard scalars from Lightning's logger"
-    second = run_script("train_lightning.py", [*TINY, "--epochs", "2", *ckpt], echo=False)
-    result = parse_result(second.output)
-    assert f"resuming from {tmp_path / 'last.ckpt'}" in second.output
-    assert result["global_step"] == 2 * first["global_step"] and len(result["train_loss"]) == 1, result
-    steps, _ = scalars(tmp_path / "tb", "train_loss")
-    assert steps == sorted(set(steps)) and steps[-1] >= first["global_step"], f"the log continues: {steps}"
     other = run_script("train_lightning.py", [*TINY, "--epochs", "3", "--batch-size", "16", *ckpt], check=False,
                        echo=False)
     assert other.returncode == 2 and "written by another configuration (batch_size 32 -> 16)" in other.output

@@ -35,7 +35,6 @@ def test_notebook_teaches_in_the_course_shape(path):
     assert "## Exercise" in markdown
     assert "## What you learned" in markdown and "## Further reading" in markdown, "it closes with a summary"
     assert "import course_utils" in code or "from course_utils" in code
-    assert "assert " in code or "check_" in code, "a notebook checks what it teaches"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
