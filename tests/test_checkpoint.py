@@ -1,10 +1,12 @@
 """Atomic checkpoints: a job killed mid-write leaves the previous checkpoint readable."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,10 +70,30 @@ def test_unwritable_folder_is_reported_before_training(tmp_path):
         ensure_writable_dir(blocker / "ckpt", "checkpoint folder")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into a read-only folder")
-def test_read_only_folder(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    with pytest.raises(PermissionError):
-        ensure_writable_dir(ro)
+def test_read_only_folder():
+    """A folder the process may not write into. Root may write anywhere, so as root (CI) the check
+    runs in a child process that has given up root for the unprivileged user nobody."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from course_utils.launch import child_env
+
+    top = Path(tempfile.mkdtemp(prefix="course-ro-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        ro = top / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        code = ("import os, sys; from course_utils.checkpoint import ensure_writable_dir\n"
+                "if os.geteuid() == 0:  # give up root once Python and the course are loaded\n"
+                "    os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+                "try:\n    ensure_writable_dir(sys.argv[1], 'checkpoint folder')\n"
+                "except PermissionError as exc:\n    print(exc); sys.exit(3)\n")
+        run = subprocess.run([sys.executable, "-c", code, str(ro / "ckpt")], capture_output=True, text=True,
+                             env=child_env(), timeout=60)
+        assert run.returncode == 3, run.stdout + run.stderr
+        assert f"the checkpoint folder {ro / 'ckpt'} is not writable (Permission denied)" in run.stdout
+    finally:
+        ro.chmod(0o755)
+        shutil.rmtree(top, ignore_errors=True)

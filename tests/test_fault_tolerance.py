@@ -1,10 +1,10 @@
-"""Kill or signal a worker mid-training: the job resumes from its last checkpoint and ends with
-exactly the weights (and per-epoch losses) of an uninterrupted run (CPU, workers=0)."""
+"""Signal one worker mid-training: every rank stops at the same step, and the rerun ends with exactly
+the weights (and per-epoch losses) of an uninterrupted run (CPU, workers=0). Notebook 05 kills a worker
+after a mid-epoch step checkpoint and checks the bit-identical resume: that check lives there."""
 
 import os
 import signal
 
-import pytest
 import torch
 
 from course_utils.checkpoint import load_checkpoint
@@ -12,17 +12,7 @@ from course_utils.launch import find_rank_pid, run_script, start_script
 from course_utils.results import parse_result
 from course_utils.waiting import wait_until
 
-# 2 ranks x batch 32 over 1536 images: 24 optimiser steps per epoch
-ARGS = ["--epochs", "4", "--n-train", "1536", "--n-val", "64", "--batch-size", "32", "--workers", "0",
-        "--no-progress", "--ckpt-every-steps", "5"]
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """The uninterrupted run every interrupted one must reproduce."""
-    ckpt = tmp_path_factory.mktemp("straight")
-    run = run_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, timeout_s=600, echo=False)
-    return load_checkpoint(ckpt / "last.pt"), parse_result(run.output)
+from references import ONE_THREAD, RESUME_ARGS
 
 
 def wait_for_checkpoint(job, ckpt, mid_epoch: bool):
@@ -44,23 +34,11 @@ def assert_identical(a, b):
     assert [h["train_loss"] for h in a["history"]] == [h["train_loss"] for h in b["history"]]
 
 
-def test_worker_killed_mid_epoch_resumes_bit_identical_from_a_step_checkpoint(tmp_path, straight):
-    ckpt = tmp_path / "killed"
-    job = start_script("train.py", [*ARGS, "--ckpt-dir", ckpt], nproc=2, torchrun_args=["--max-restarts=1"])
-    state = wait_for_checkpoint(job, ckpt, mid_epoch=True)  # a step checkpoint inside epoch 0...
-    victim = find_rank_pid(str(ckpt), rank=1)
-    assert victim, "rank 1 not found"
-    os.kill(victim, signal.SIGKILL)  # ...and rank 1 dies soon after it
-    result = job.wait(timeout_s=600)
-    assert "resumed from" in result.output and "(after batch " in result.output, result.output[-3000:]
-    assert state["in_epoch"]["batches"] % 5 == 0, "step checkpoints every 5 optimiser steps"
-    assert_identical(straight[0], load_checkpoint(ckpt / "last.pt"))
-
-
-def test_a_signal_to_one_rank_stops_all_at_the_same_step_and_the_rerun_is_identical(tmp_path, straight):
+def test_a_signal_to_one_rank_stops_all_at_the_same_step_and_the_rerun_is_identical(tmp_path, uninterrupted):
+    straight = uninterrupted(2)  # 2 ranks x batch 32 over 1536 images: 24 optimiser steps per epoch
     ckpt = tmp_path / "signalled"
-    args = [*ARGS[:-2], "--ckpt-dir", ckpt]  # no step checkpoints: only the stop writes one mid-epoch
-    job = start_script("train.py", args, nproc=2)
+    args = [*RESUME_ARGS, "--ckpt-dir", ckpt]  # no step checkpoints: only the stop writes one mid-epoch
+    job = start_script("train.py", args, nproc=2, env=ONE_THREAD)
     wait_for_checkpoint(job, ckpt, mid_epoch=False)  # epoch 0 is done...
     os.kill(find_rank_pid(str(ckpt), rank=1), signal.SIGUSR1)  # ...rank 1 alone gets the warning
     first = job.wait(timeout_s=300)
@@ -68,7 +46,7 @@ def test_a_signal_to_one_rank_stops_all_at_the_same_step_and_the_rerun_is_identi
     assert "stopped on request (SIGUSR1)" in first.output
     stopped = load_checkpoint(ckpt / "last.pt")
     assert stopped["epoch"] < 4, "it stopped early, not at the end"
-    second = run_script("train.py", args, nproc=2, timeout_s=600, echo=False)
+    second = run_script("train.py", args, nproc=2, env=ONE_THREAD, timeout_s=600, echo=False)
     assert "resumed from" in second.output and not parse_result(second.output)["stopped"]
     assert_identical(straight[0], load_checkpoint(ckpt / "last.pt"))
     assert parse_result(second.output)["train_loss"] == straight[1]["train_loss"]

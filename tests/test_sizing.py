@@ -4,9 +4,11 @@ import torch
 from course_utils import sizing
 
 
-def test_default_follows_the_hardware(monkeypatch):
+@pytest.mark.parametrize("gpus, profile", [(0, "ci"), (1, "full"), (4, "full")])
+def test_default_follows_the_hardware(monkeypatch, gpus, profile):
     monkeypatch.delenv("COURSE_PROFILE", raising=False)
-    assert sizing.current_profile() == ("full" if torch.cuda.device_count() > 0 else "ci")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert sizing.current_profile() == profile
 
 
 @pytest.mark.parametrize("value, expected", [("ci", "ci"), ("FULL", "full"), (" ci ", "ci")])

@@ -21,8 +21,9 @@ from course_utils import slurm
 from course_utils.checkpoint import load_checkpoint
 from course_utils.launch import run_script
 from course_utils.paths import REPO_ROOT
-from course_utils.results import parse_result, results_in_log
+from course_utils.results import results_in_log
 from course_utils.waiting import wait_until
+from references import RESUME_ARGS
 
 SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*/*.sbatch"))
 TINY = "--model cnn --epochs 2 --n-train 256 --n-val 64 --batch-size 16 --workers 0"
@@ -72,6 +73,19 @@ def test_frontera_sweep_packs_a_trial_per_gpu_and_ft3_takes_one_gpu_per_trial():
     ft3 = (REPO_ROOT / "slurm" / "ft3" / "sweep_array.sbatch").read_text()
     assert "TRIALS_PER_TASK=4" in frontera and "#SBATCH --array=0-0" in frontera and "--gres" not in frontera
     assert "TRIALS_PER_TASK=1" in ft3 and "#SBATCH --gres=gpu:a100:1" in ft3 and "#SBATCH --array=0-3" in ft3
+    # the multi-node pattern notebook 04 prints asks for both of an FT3 node's A100s
+    assert "#SBATCH --gres=gpu:a100:2" in (REPO_ROOT / "slurm" / "ft3" / "multi_node_srun.sbatch").read_text()
+
+
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(site):
+    """(Notebook 08 prints these lines.) One Slurm task, one Ray node, per node; and no `ray stop`,
+    which would stop every Ray of the user's on the node, other jobs' too."""
+    sbatch = (REPO_ROOT / "slurm" / site / "multi_node_ray.sbatch").read_text().splitlines()
+    node = (REPO_ROOT / "slurm" / "lib" / "ray_node.sh").read_text().splitlines()
+    commands = "\n".join(line for line in sbatch + node if not line.lstrip().startswith("#"))
+    assert "#SBATCH --ntasks-per-node=1" in sbatch
+    assert "ray stop" not in commands
 
 
 @needs_cluster
@@ -93,6 +107,8 @@ def test_every_script_runs_the_course_script_or_a_plain_torchrun_script(cluster)
             continue  # starts Ray, not training: test_a_ray_job_runs_trials_on_both_nodes_... runs it
         if site == "frontera" and pattern in generate.SCRIPT_OF_PATTERN:
             continue
+        if site == "generic" and pattern == "multi_node_srun":
+            continue  # notebook 04 runs the plain script (and the course's) through it, with these checks
         if site == "generic" and pattern not in generate.SCRIPT_OF_PATTERN:
             jobs[slurm.sbatch(script, env={**PLAIN, **ONE_THREAD})] = (script, "plain")
         elif pattern != "requeue":  # the course's requeue runs have a test of their own
@@ -119,11 +135,11 @@ def test_every_script_runs_the_course_script_or_a_plain_torchrun_script(cluster)
 
 
 @needs_cluster
-def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path):
+def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path, uninterrupted):
     """Each site's requeue script: the warning signal makes training checkpoint at its next step
     and stop; the job requeues, resumes after that step, and ends bit for bit where a run
     that was never interrupted ends (same ranks, one thread each)."""
-    args = "--model cnn --epochs 3 --n-train 4096 --n-val 64 --batch-size 16 --workers 0"
+    args = " ".join(RESUME_ARGS)  # the session's uninterrupted runs (conftest.py) are the references
     jobs = {}
     for site in SITES:
         runs = tmp_path / site
@@ -138,13 +154,8 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
     for job in jobs:
         slurm.wait_requeued(job)
         slurm.release(job)  # a requeued job is held until a BeginTime some way off
-    # the uninterrupted runs, while the requeued jobs finish
-    references = {}
-    for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES}):
-        ckpt = tmp_path / f"reference-{ranks}"
-        run = run_script("train.py", [*args.split(), "--no-progress", "--ckpt-dir", ckpt], nproc=ranks,
-                         env=ONE_THREAD, timeout_s=900, echo=False)
-        references[ranks] = (load_checkpoint(ckpt / "last.pt"), parse_result(run.output))
+    # the uninterrupted runs (once per rank count for the session), while the requeued jobs finish
+    references = {ranks: uninterrupted(ranks) for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES})}
     records = slurm.wait(list(jobs), timeout_s=900)
     for job, (site, ckpt) in jobs.items():
         record = records[job][0]
@@ -155,38 +166,10 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
         assert "(after batch " in log.split("start number 2")[1], f"the second start resumed mid-epoch\n{report}"
         reference, reference_result = references[SITES[site]["gpus_per_node"]]
         final = load_checkpoint(ckpt)
-        assert final["epoch"] == 3 and final["in_epoch"] is None, report
+        assert final["epoch"] == 4 and final["in_epoch"] is None, report
         for name, tensor in reference["model"].items():
             assert torch.equal(tensor, final["model"][name]), f"{site}: {name} differs from the uninterrupted run"
         assert results_in_log(record["StdOut"])[-1]["train_loss"] == reference_result["train_loss"]
-
-
-@needs_cluster
-def test_a_lightning_job_requeued_on_the_signal_resumes_from_its_checkpoint(cluster, tmp_path):
-    """The Lightning pattern: the warning signal reaches the batch shell, which passes it to the
-    tasks; they agree on a step, write last.ckpt and stop; the job requeues, and the next start
-    resumes mid-epoch and finishes every step."""
-    epochs, steps_per_epoch = 6, 4096 // 4 // 16  # 2 nodes x 2 ranks, batch 16
-    args = f"--model cnn --epochs {epochs} --n-train 4096 --n-val 64 --batch-size 16 --workers 0"
-    job = slurm.sbatch(REPO_ROOT / "slurm" / "generic" / "multi_node_lightning.sbatch",
-                       env={"TRAIN_ARGS": args, "COURSE_RUNS": str(tmp_path), "OMP_NUM_THREADS": "1"})
-    ckpt = tmp_path / f"generic-multi-node-lightning-{job}" / "ckpt" / "last.ckpt"
-    wait_until(ckpt.exists, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
-               interval_s=0.2)
-    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@90 does before the time limit
-    slurm.wait_requeued(job)
-    slurm.release(job)
-    records = slurm.wait([job], timeout_s=600)
-    record, report = records[job][0], cluster.job_report(job, records[job])
-    assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
-    first, second = Path(record["StdOut"]).read_text().split("start number 2")
-    assert "stopped on request (SIGUSR1) after step" in first and "requeueing job" in first, report
-    stopped_at = int(first.split("stopped on request (SIGUSR1) after step ")[1].split(";")[0])
-    assert steps_per_epoch <= stopped_at < epochs * steps_per_epoch, report
-    assert f"resuming from {ckpt}" in second, report
-    result = results_in_log(record["StdOut"])[-1]
-    assert result["epochs"] == epochs and not result["stopped"], result
-    assert result["global_step"] == epochs * steps_per_epoch, "the resumed job finished every step, no more"
 
 
 @needs_cluster

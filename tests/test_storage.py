@@ -8,8 +8,7 @@ def test_shared_folders_get_a_capped_small_file_test(tmp_path):
     assert small_file_cap("cwd") == small_file_cap("$LUSTRE") == SHARED_SMALL_FILES
     rows = measure_writes("cwd", tmp_path, total_mib=1, small_kib=1, fsync_options=(False,), max_small_files=64)
     big, small = rows
-    assert (big.pattern, small.pattern) == ("1 x 1 MiB", "64 x 1 KiB")
-    assert abs(small.mib_per_s * small.seconds - 64 / 1024) < 1e-9, "MiB/s of the bytes this pattern wrote"
+    assert (big.pattern, small.pattern) == ("1 x 1 MiB", "64 x 1 KiB"), "the shared folder's cap: 64 files"
     assert not list(tmp_path.iterdir()), "the test leaves nothing behind"
 
 
@@ -17,5 +16,4 @@ def test_reading_back_measures_the_epochs_side(tmp_path):
     rows = measure_writes("cwd", tmp_path, total_mib=1, small_kib=16, fsync_options=(True,), read_back=True)
     reads = [r for r in rows if r.op == "read"]
     assert [r.pattern for r in reads] == ["1 x 1 MiB", "64 x 16 KiB"], "each pattern read back after its write"
-    assert all(r.seconds > 0 and r.mib_per_s > 0 for r in reads)
     assert not list(tmp_path.iterdir())

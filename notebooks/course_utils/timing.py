@@ -9,6 +9,7 @@ closes, and nowhere in between.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -48,21 +49,22 @@ class Throughput:
     _t_open: float | None = field(default=None, repr=False)
     _t_close: float | None = field(default=None, repr=False)
     _seen: int = field(default=0, repr=False)
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False)  # a test gives its own
 
     def _open(self) -> None:
         sync(self.device)
-        self._t_open = time.perf_counter()
+        self._t_open = self.clock()
         self.untimed_s = self._t_open - self._t_start
 
     def start(self) -> None:
-        self._t_start = time.perf_counter()
+        self._t_start = self.clock()
         if self.untimed_steps == 0:
             self._open()
-        self._t_last = time.perf_counter()
+        self._t_last = self.clock()
 
     def data_ready(self) -> None:
         if self._t_open is not None:
-            self.data_time += time.perf_counter() - self._t_last
+            self.data_time += self.clock() - self._t_last
 
     def step_done(self, batch_size: int) -> None:
         self._seen += 1
@@ -71,13 +73,13 @@ class Throughput:
             self.samples += batch_size
         elif self._seen == self.untimed_steps:
             self._open()
-        self._t_last = time.perf_counter()
+        self._t_last = self.clock()
 
     def stop(self) -> None:
         """Close the window: wait for the GPU to finish the steps it was given."""
         if self._t_open is not None:
             sync(self.device)
-            self._t_close = time.perf_counter()
+            self._t_close = self.clock()
 
     @property
     def elapsed(self) -> float:
