@@ -88,31 +88,41 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
     assert "ray stop" not in commands
 
 
+# Where each pattern runs for real. The sites' scripts differ in their #SBATCH lines only (one template
+# per pattern writes the launch lines), and every script's request is checked against the cluster with
+# `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
+# one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
+# plain script, and the sweep array; notebook 06 the Lightning pattern; the requeue test below FT3's and
+# Frontera's requeue pattern (notebook 05 generic's); the Ray test FT3's Ray pattern. What no notebook
+# runs runs here: the plain script through the other generic patterns, DeepSpeed on two nodes, and
+# Frontera's four tasks per node on two nodes.
+RUN_HERE = {("generic", "one_node"): "plain", ("generic", "multi_node_torchrun"): "plain",
+            ("generic", "sweep_array"): "plain", ("generic", "requeue"): "plain",
+            ("ft3", "multi_node_deepspeed"): "course", ("frontera", "multi_node_srun"): "course"}
+
+
 @needs_cluster
-def test_every_script_runs_the_course_script_or_a_plain_torchrun_script(cluster):
-    """Every pattern of every site, at once: the course's script (train.py, or the script a pattern
-    is written for), or a plain DDP script that knows nothing of course_utils (it reads RANK,
-    LOCAL_RANK, ... as under torchrun). ft3 and frontera run the course's script: their resources
-    differ (2 GPUs and a GPU count from Slurm; 4 GPUs on whole nodes). generic has ft3's GPUs and
-    launch lines, its own #SBATCH lines: there the plain script runs, which checks that any
-    TRAIN_SCRIPT starts as a torchrun script expects. The patterns written for one script (Lightning,
-    DeepSpeed) start any TRAIN_SCRIPT through multi_node_srun's line: they run their own script on ft3
-    and generic. On frontera they would add two jobs of 8 ranks each importing Lightning or DeepSpeed
-    on this machine's 2 cores, to check what frontera's multi_node_srun (4 tasks per node, no --gres)
-    and the other sites' Lightning and DeepSpeed runs already check."""
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}-{p.stem}")
+def test_every_script_s_request_is_accepted_by_the_cluster(cluster, script):
+    """sbatch --test-only: the partition, nodes, tasks, GPUs and time the script asks for exist (Slurm
+    answers when the job would start), without running it."""
+    out = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, cwd=REPO_ROOT,
+                         env={**os.environ, "TRAIN_ARGS": TINY})
+    assert out.returncode == 0 and "to start at" in out.stderr, out.stderr
+
+
+@needs_cluster
+def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun_script(cluster):
+    """The plain DDP script knows nothing of course_utils (it reads RANK, LOCAL_RANK, ... as under
+    torchrun): through generic's patterns it checks that any TRAIN_SCRIPT starts as a torchrun script
+    expects. The course's DeepSpeed script runs through FT3's DeepSpeed pattern, and train.py through
+    Frontera's multi-node srun pattern (4 tasks per node, whole nodes, no --gres)."""
+    assert {(s.parent.name, s.stem) for s in SCRIPTS} >= set(RUN_HERE), "a pattern in RUN_HERE has no script"
     jobs = {}
-    for script in SCRIPTS:
-        site, pattern = script.parent.name, script.stem
-        if pattern == "multi_node_ray":
-            continue  # starts Ray, not training: test_a_ray_job_runs_trials_on_both_nodes_... runs it
-        if site == "frontera" and pattern in generate.SCRIPT_OF_PATTERN:
-            continue
-        if site == "generic" and pattern == "multi_node_srun":
-            continue  # notebook 04 runs the plain script (and the course's) through it, with these checks
-        if site == "generic" and pattern not in generate.SCRIPT_OF_PATTERN:
-            jobs[slurm.sbatch(script, env={**PLAIN, **ONE_THREAD})] = (script, "plain")
-        elif pattern != "requeue":  # the course's requeue runs have a test of their own
-            jobs[slurm.sbatch(script, env={"TRAIN_ARGS": TINY, **ONE_THREAD})] = (script, "course")
+    for (site, pattern), kind in RUN_HERE.items():
+        script = REPO_ROOT / "slurm" / site / f"{pattern}.sbatch"
+        env = {**PLAIN, **ONE_THREAD} if kind == "plain" else {"TRAIN_ARGS": TINY, **ONE_THREAD}
+        jobs[slurm.sbatch(script, env=env)] = (script, kind)
     records = slurm.wait(list(jobs), timeout_s=1200)
     for job_id, (script, kind) in jobs.items():
         recs = records[job_id]
@@ -136,12 +146,12 @@ def test_every_script_runs_the_course_script_or_a_plain_torchrun_script(cluster)
 
 @needs_cluster
 def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path, uninterrupted):
-    """Each site's requeue script: the warning signal makes training checkpoint at its next step
+    """FT3's and Frontera's requeue scripts: the warning signal makes training checkpoint at its next step
     and stop; the job requeues, resumes after that step, and ends bit for bit where a run
     that was never interrupted ends (same ranks, one thread each)."""
     args = " ".join(RESUME_ARGS)  # the session's uninterrupted runs (conftest.py) are the references
     jobs = {}
-    for site in SITES:
+    for site in ("ft3", "frontera"):  # (notebook 05 requeues generic's, with these launch lines)
         runs = tmp_path / site
         job = slurm.sbatch(REPO_ROOT / "slurm" / site / "requeue.sbatch",
                            env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **ONE_THREAD})
@@ -155,7 +165,7 @@ def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(
         slurm.wait_requeued(job)
         slurm.release(job)  # a requeued job is held until a BeginTime some way off
     # the uninterrupted runs (once per rank count for the session), while the requeued jobs finish
-    references = {ranks: uninterrupted(ranks) for ranks in sorted({SITES[site]["gpus_per_node"] for site in SITES})}
+    references = {SITES[site]["gpus_per_node"]: uninterrupted(SITES[site]["gpus_per_node"]) for _, (site, _) in jobs.items()}
     records = slurm.wait(list(jobs), timeout_s=900)
     for job, (site, ckpt) in jobs.items():
         record = records[job][0]
