@@ -93,7 +93,7 @@ def test_missing_peer_fails_at_the_join_timeout_naming_it():
 
 def test_worker_without_rank_zero_names_the_address():
     port, marker = free_port(), f"course-missing-master-{os.getpid()}"
-    out, seconds = _start_alone(1, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "10"})
+    out, seconds = _start_alone(1, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "5"})
     message = out.stderr + out.stdout
     assert out.returncode != 0 and seconds < 60
     assert f"could not reach rank 0's rendezvous at 127.0.0.1:{port}" in message
