@@ -99,7 +99,8 @@ def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset
     # Lightning's teardown has moved the model back to the CPU: evaluate, and compare the ranks over
     # Lightning's (NCCL) group, on this rank's device again (strategy.root_device, which plan.device names)
     device = trainer.strategy.root_device
-    assert device == plan.device, f"Lightning placed this rank on {device}, the course's policy on {plan.device}"
+    if device != plan.device:  # (the strategy was handed plan.parallel_devices: this would be a course bug)
+        raise RuntimeError(f"Lightning placed this rank on {device}, the course's policy on {plan.device}")
     module.model.to(device)
     val_loss, val_acc = evaluate(module.model, data.val_dataloader(), device, precision)
     meter = trainer.callbacks[0].meter  # the ThroughputCallback, first in make_trainer's list

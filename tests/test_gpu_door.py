@@ -127,6 +127,8 @@ def test_lightning_and_fabric_get_this_rank_s_gpu_from_the_policy(env, gpus, dev
 def test_lightning_starting_its_own_ranks_puts_rank_r_on_gpu_r():
     plan = plan_launch("auto", 2, None, gpus_visible=2, env={})
     assert plan.parallel_devices == ("cuda:0", "cuda:1") and plan.device == torch.device("cuda:0")
+    # the rank Lightning starts runs the script again with LOCAL_RANK set: it plans GPU 1 for itself
+    assert plan_launch("auto", 2, None, gpus_visible=2, env={"LOCAL_RANK": "1"}).device == torch.device("cuda:1")
 
 
 def test_lightning_with_two_tasks_on_one_unbound_gpu_runs_on_the_cpu_or_stops():
@@ -135,20 +137,6 @@ def test_lightning_with_two_tasks_on_one_unbound_gpu_runs_on_the_cpu_or_stops():
     assert plan.accelerator == "cpu" and plan.device == torch.device("cpu") and "gloo" in plan.note
     with pytest.raises(LaunchMismatch, match="start at most one rank per GPU"):
         plan_launch("cuda", None, None, gpus_visible=1, env=env)
-
-
-def test_rank_device_sets_the_gpu_before_a_framework_forms_the_group(monkeypatch):
-    from course_utils.dist import rank_device
-
-    _gpus(monkeypatch, [AMPERE])
-    current = []
-    monkeypatch.setattr(torch.cuda, "set_device", current.append)
-    env = {**SRUN_2x2, "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_GPUS_PER_TASK": "1"}
-    assert rank_device("auto", env) == torch.device("cuda:0") and current == [torch.device("cuda:0")]
-    current.clear()
-    _gpus(monkeypatch, [AMPERE, AMPERE])
-    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    assert rank_device("auto", env) == torch.device("cuda:1") and current == [torch.device("cuda:1")]
 
 
 @pytest.mark.parametrize("nvml, torch_sees, cuda, said", [
@@ -286,7 +274,7 @@ def test_an_existing_group_keeps_its_device(monkeypatch):
 # --------------------------------------------------------------------------- #
 # The door: no script under scripts/ forms a process group or picks a device itself
 # --------------------------------------------------------------------------- #
-# Calls that form a group or choose a device: only course_utils.dist (init_distributed, rank_device,
+# Calls that form a group or choose a device: only course_utils.dist (init_distributed,
 # session) and lit.plan_launch make them. deepspeed.init_distributed is allowed: it wraps the group
 # the door formed. A launcher that starts ranks but joins none may count GPUs to size its runs.
 AROUND_THE_DOOR = {"init_process_group", "set_device", "device_count", "is_available", "is_bf16_supported",
@@ -318,7 +306,7 @@ def test_every_script_gets_its_device_and_group_through_the_door():
         if bad:
             around[path.name] = bad
     assert not around, ("these scripts choose a device or form a process group themselves; use "
-                        f"course_utils.dist.init_distributed / rank_device or lit.plan_launch: {around}")
+                        f"course_utils.dist.init_distributed or lit.plan_launch: {around}")
 
 
 def test_the_users_own_script_sets_its_gpu_before_its_group():

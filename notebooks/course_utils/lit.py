@@ -191,7 +191,7 @@ class LaunchPlan:
     # not count GPUs itself: under a launcher only this rank's entry is used (cuda:0 when Slurm binds
     # a GPU to each task, cuda:LOCAL_RANK when every task sees the node's GPUs)
     parallel_devices: tuple[str, ...] = ()
-    local_rank: int = 0  # this process's (0 where Lightning starts the ranks: the kernel's own process)
+    local_rank: int = 0  # this process's: parallel_devices[local_rank] is its device
 
     @property
     def world_size(self) -> int:
@@ -216,10 +216,12 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
                 env: Mapping[str, str] | None = None) -> LaunchPlan:
     """Check ``--devices``/``--num-nodes`` against the launcher and place this rank, before Lightning starts.
 
-    Lightning checks ``devices``/``num_nodes`` against Slurm's task layout only once it starts its
-    processes; a plain ``python`` in a multi-task batch script leaves it waiting for ranks that
-    never start; and it puts local rank r on GPU r, which under Slurm's GPU binding
-    (``--gpus-per-task``, ``--gpu-bind``) is a GPU the task cannot see. Each mistake is one
+    Lightning checks ``devices``/``num_nodes`` against Slurm's or torchrun's layout itself, when
+    ``fit()`` starts its launcher (after the data and the model are built); this makes the same
+    check first, with the fix in the same line. It adds what Lightning cannot see: a plain
+    ``python`` in a multi-task batch script leaves Lightning waiting for ranks that never start,
+    and Lightning puts local rank r on GPU r, which under Slurm's GPU binding (``--gpus-per-task``,
+    ``--gpu-bind``) is a GPU the task cannot see. Each mistake is one
     :class:`LaunchMismatch` here, and the device comes from the course's one policy
     (:func:`course_utils.devices.node_device`), handed to Lightning as the strategy's
     ``parallel_devices``. ``gpus_visible`` and ``env`` are this process's facts (read when not given).
@@ -246,8 +248,9 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
         nodes = max(1, int(env["WORLD_SIZE"]) // per_node)
         local_rank = int(env.get("LOCAL_RANK", "0") or 0)
         where = f"torchrun started {per_node} process(es) per node on {nodes} node(s)"
-    else:
+    else:  # Lightning starts the ranks: LOCAL_RANK is unset in the first, set in those it starts
         launcher, per_node, nodes, where = "none", devices or 1, num_nodes or 1, ""
+        local_rank = int(env.get("LOCAL_RANK", "0") or 0)
     if devices is not None and devices != per_node:
         raise LaunchMismatch(f"--devices {devices} but {where}: pass --devices {per_node}, or leave it out "
                              "(the script reads it from the launcher)")
@@ -268,7 +271,7 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
         placed = tuple(f"cuda:{r}" for r in range(per_node))
     else:  # only this rank's entry is read (Lightning's root_device is parallel_devices[local_rank])
         placed = (mine,) * per_node
-    return LaunchPlan("gpu", per_node, nodes, launcher, "", placed, local_rank if launcher != "none" else 0)
+    return LaunchPlan("gpu", per_node, nodes, launcher, "", placed, local_rank)
 
 
 def quiet_lightning() -> None:

@@ -27,7 +27,6 @@ from .group import (
     init_distributed,
     is_initialized,
     is_main_process,
-    rank_device,
     session,
 )
 from .rendezvous import RendezvousError
@@ -38,5 +37,5 @@ __all__ = [
     "collective_timeout_s", "describe",
     "detect_env", "expand_hostlist", "free_port", "get_rank", "get_world_size", "init_distributed",
     "is_initialized", "is_main_process", "port_from_job_id", "print0", "print_ranks", "ranks_agree",
-    "rank_device", "ranks_per_host", "require_processes", "session", "RendezvousError",
+    "ranks_per_host", "require_processes", "session", "RendezvousError",
 ]

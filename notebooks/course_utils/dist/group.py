@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 
-from ..devices import gpus_bound, local_view, node_device, place_ranks
+from ..devices import local_view, place_ranks
 from .env import DistEnv, detect_env
 from .rendezvous import rendezvous
 
@@ -102,27 +102,6 @@ def _group_device() -> torch.device:
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def rank_device(requested: str = "auto", env: dict[str, str] | None = None) -> torch.device:
-    """The device of this rank when a framework forms the process group (Lightning, Fabric, Ray Train).
-
-    The same policy as :func:`init_distributed`, decided from this process's own view, since no
-    group exists yet to compare GPUs across ranks (:func:`course_utils.devices.node_device`): one
-    GPU per rank, ``cuda:0`` when Slurm binds a GPU to each task, else every rank of the node on
-    the CPU. The GPU is made current here (``set_device``), so nothing a framework allocates
-    before its own ``set_device`` lands on GPU 0. Hand the result to the framework (the course's
-    Lightning scripts pass it as the strategy's ``parallel_devices``) instead of letting it count GPUs.
-    """
-    env = dict(os.environ) if env is None else env
-    info = detect_env(env)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus == 0:
-        local_view()  # says in one line why a node with GPUs is not using them
-    dev = torch.device(node_device(requested, info.local_world_size, gpus, info.local_rank, gpus_bound(env)))
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    return dev
 
 
 @contextlib.contextmanager
