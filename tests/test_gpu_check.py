@@ -45,6 +45,8 @@ def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
     result = gpu_check.run_notebook(path, "ci", 300, 60, tmp_path)
     assert not result["passed"] and result["cells_passed"] == 1 and result["cells_failed"] == 1
     assert "the lesson is wrong" in (tmp_path / "99_broken.log").read_text()
-    assert "| 99_broken.ipynb | FAIL | 1 | 1 |" in gpu_check.markdown({
-        "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0, "notebooks": [result],
+    skipped = {**result, "notebook": "98_late.ipynb", "not_run": True, "cells_passed": 0, "cells_failed": 0}
+    text = gpu_check.markdown({
+        "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0, "notebooks": [result, skipped],
         "ladder_model": "cnn", "ladder": {"error": "not run"}, "matmul": [], "training_share": {}})
+    assert "| 99_broken.ipynb | FAIL | 1 | 1 |" in text and "| 98_late.ipynb | not run (budget) |" in text
