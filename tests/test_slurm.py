@@ -93,12 +93,12 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
 # one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
 # plain script, and the sweep array; notebook 06 the Lightning pattern; the requeue test below FT3's and
-# Frontera's requeue pattern (notebook 05 generic's); the Ray test FT3's Ray pattern. What no notebook
-# runs runs here: the plain script through the other generic patterns, DeepSpeed on two nodes, and
-# Frontera's four tasks per node on two nodes.
+# Frontera's requeue pattern (Frontera's four tasks per node; notebook 05 requeues generic's); the Ray
+# test FT3's Ray pattern. What no notebook runs runs here: the plain script through the other generic
+# patterns, and DeepSpeed on two nodes.
 RUN_HERE = {("generic", "one_node"): "plain", ("generic", "multi_node_torchrun"): "plain",
             ("generic", "sweep_array"): "plain", ("generic", "requeue"): "plain",
-            ("ft3", "multi_node_deepspeed"): "course", ("frontera", "multi_node_srun"): "course"}
+            ("ft3", "multi_node_deepspeed"): "course"}
 
 
 @needs_cluster
@@ -115,8 +115,7 @@ def test_every_script_s_request_is_accepted_by_the_cluster(cluster, script):
 def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun_script(cluster):
     """The plain DDP script knows nothing of course_utils (it reads RANK, LOCAL_RANK, ... as under
     torchrun): through generic's patterns it checks that any TRAIN_SCRIPT starts as a torchrun script
-    expects. The course's DeepSpeed script runs through FT3's DeepSpeed pattern, and train.py through
-    Frontera's multi-node srun pattern (4 tasks per node, whole nodes, no --gres)."""
+    expects. The course's DeepSpeed script runs through FT3's DeepSpeed pattern."""
     assert {(s.parent.name, s.stem) for s in SCRIPTS} >= set(RUN_HERE), "a pattern in RUN_HERE has no script"
     jobs = {}
     for (site, pattern), kind in RUN_HERE.items():
@@ -235,8 +234,10 @@ def test_a_ray_job_runs_trials_on_both_nodes_and_leaves_no_ray_behind(cluster, t
 @needs_cluster
 def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
     script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
-    args = "--model cnn --epochs 2 --n-train 512 --n-val 64 --batch-size 16 --workers 0"
-    jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env={"TRAIN_ARGS": args}) for _ in range(2)]
+    # whoami.py joins the group (rank 0 serves the rendezvous on the job's port) and prints who it is: what
+    # a clash needs, without the training
+    env = {"TRAIN_SCRIPT": str(REPO_ROOT / "scripts" / "whoami.py"), "TRAIN_ARGS": "", **ONE_THREAD}
+    jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env=env) for _ in range(2)]
     records = slurm.wait(jobs, timeout_s=600)
     ports, windows = [], []
     for job in jobs:
