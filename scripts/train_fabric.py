@@ -22,7 +22,7 @@ from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
 from course_utils.dist import cleanup, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
-from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, plan_launch, quiet_lightning
+from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, placement_args, plan_launch, quiet_lightning
 from course_utils.models import build_model
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
@@ -44,11 +44,8 @@ except ValueError as exc:
     sys.exit(f"error: {exc}")
 
 quiet_lightning()
-# the device handed to Fabric (parallel_devices), not counted by Fabric: right under Slurm's GPU binding too
-strategy = DDPStrategy(parallel_devices=[torch.device(d) for d in plan.parallel_devices]) if plan.world_size > 1 \
-    else "auto"
-fabric = Fabric(accelerator=plan.accelerator, devices="auto" if plan.world_size > 1 else plan.single_device,
-                num_nodes=plan.num_nodes, strategy=strategy, precision=LIGHTNING_PRECISION[precision])
+# each rank's device handed to Fabric, not counted by Fabric: right under Slurm's GPU binding too
+fabric = Fabric(**placement_args(plan, DDPStrategy), precision=LIGHTNING_PRECISION[precision])
 fabric.launch()  # joins torchrun's or srun's processes, or starts them
 world, device, rank = fabric.world_size, fabric.device, fabric.global_rank
 

@@ -112,7 +112,7 @@ def _cuda_facts_fork_safe() -> dict[str, Any]:
 def environment_report() -> dict[str, Any]:
     """Everything notebook 00 shows, as a dictionary (also handy in job logs).
 
-    Safe in a notebook kernel that forks ranks later: it does not start CUDA here (:func:`_gpu_facts`).
+    Safe in a notebook kernel that forks ranks later: it does not start CUDA here (:func:`_cuda_facts_fork_safe`).
     """
     facts = _cuda_facts_fork_safe()
     report: dict[str, Any] = {

@@ -198,11 +198,6 @@ class LaunchPlan:
         return self.devices * self.num_nodes
 
     @property
-    def single_device(self) -> int | list[int]:
-        """``devices=`` for a run of one process: its GPU's index, or one CPU."""
-        return [self.device.index] if self.device.type == "cuda" else 1
-
-    @property
     def device(self) -> torch.device:
         """This rank's device (Lightning's ``strategy.root_device``), known before Lightning starts."""
         return torch.device(self.parallel_devices[self.local_rank] if self.parallel_devices else "cpu")
@@ -274,6 +269,18 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
     return LaunchPlan("gpu", per_node, nodes, launcher, "", placed, local_rank)
 
 
+def placement_args(plan: LaunchPlan, ddp_strategy: type, **strategy_kwargs: Any) -> dict[str, Any]:
+    """``accelerator``, ``devices``, ``num_nodes`` and ``strategy`` for a Lightning ``Trainer`` or a ``Fabric``
+    (``ddp_strategy``: the ``DDPStrategy`` class of either). Several ranks get their devices from the plan as
+    the strategy's ``parallel_devices`` (a device count would be checked against the visible GPUs, and
+    Lightning would put rank r on GPU r); one process gets its GPU's index, or one CPU."""
+    if plan.world_size > 1:
+        strategy = ddp_strategy(parallel_devices=[torch.device(d) for d in plan.parallel_devices], **strategy_kwargs)
+        return {"accelerator": plan.accelerator, "devices": "auto", "num_nodes": plan.num_nodes, "strategy": strategy}
+    devices = [plan.device.index] if plan.device.type == "cuda" else 1
+    return {"accelerator": plan.accelerator, "devices": devices, "num_nodes": plan.num_nodes, "strategy": "auto"}
+
+
 def quiet_lightning() -> None:
     """Silence Lightning's tips that do not apply to the course's runs (the checks above replace them)."""
     import logging
@@ -305,15 +312,9 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
     """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout, TensorBoard, checkpoints, requeue."""
     precision = resolve_precision(config.precision, plan.device)
     set_tf32(config.tf32)
-    strategy: Any = "auto"
-    devices: Any = plan.devices
-    if plan.world_size > 1:  # this rank's device from the course's policy, not Lightning's count of GPUs
-        strategy = DDPStrategy(timeout=timedelta(seconds=collective_timeout_s()), bucket_cap_mb=config.bucket_cap_mb,
-                               gradient_as_bucket_view=config.grad_as_bucket_view,
-                               parallel_devices=[torch.device(d) for d in plan.parallel_devices])
-        devices = "auto"  # the strategy's parallel_devices decide; a count would be checked against visible GPUs
-    else:
-        devices = plan.single_device
+    placement = placement_args(plan, DDPStrategy, timeout=timedelta(seconds=collective_timeout_s()),
+                               bucket_cap_mb=config.bucket_cap_mb,
+                               gradient_as_bucket_view=config.grad_as_bucket_view)  # DDP only with several ranks
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
     if config.ckpt_dir:
         # last.ckpt each epoch (and every N steps), from rank 0, replacing the one before. Not
@@ -325,7 +326,7 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
     if plan.launcher == "slurm":  # Lightning's own requeue off: StopOnSignal and the batch script do it
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return L.Trainer(
-        accelerator=plan.accelerator, devices=devices, num_nodes=plan.num_nodes, strategy=strategy,
+        **placement,
         precision=LIGHTNING_PRECISION[precision], max_epochs=config.epochs,
         limit_train_batches=config.steps_per_epoch or 1.0, accumulate_grad_batches=config.grad_accum,
         benchmark=config.cudnn_benchmark, log_every_n_steps=config.log_every,

@@ -69,6 +69,21 @@ def _new_tf32_api() -> bool:
     return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
 
 
+def _set_matmul_tf32(value: bool | str) -> None:
+    """TF32 in fp32 matmuls on or off (or a value read by :func:`_matmul_tf32`), with the API torch has."""
+    if _new_tf32_api():
+        torch.backends.cuda.matmul.fp32_precision = value if isinstance(value, str) else ("tf32" if value else "ieee")
+    else:  # pragma: no cover - torch < 2.9
+        torch.backends.cuda.matmul.allow_tf32 = bool(value)
+
+
+def _matmul_tf32() -> bool | str:
+    """The matmul switch as set, for :func:`_set_matmul_tf32` to put back (``"none"``: left to torch)."""
+    if _new_tf32_api():
+        return torch.backends.cuda.matmul.fp32_precision
+    return torch.backends.cuda.matmul.allow_tf32  # pragma: no cover - torch < 2.9
+
+
 def set_tf32(enabled: bool | None) -> None:
     """TF32 tensor-core math for fp32 matmuls and convolutions (Ampere and later).
 
@@ -78,44 +93,33 @@ def set_tf32(enabled: bool | None) -> None:
     It has no effect on CPUs or pre-Ampere GPUs. Uses ``fp32_precision`` where
     torch has it, ``allow_tf32`` (deprecated in 2.9) where it does not.
     """
-    matmul = bool(enabled)
     conv = True if enabled is None else bool(enabled)
+    _set_matmul_tf32(bool(enabled))
     if _new_tf32_api():
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if matmul else "ieee"
         torch.backends.cudnn.conv.fp32_precision = "tf32" if conv else "ieee"
     else:  # pragma: no cover - torch < 2.9
-        torch.backends.cuda.matmul.allow_tf32 = matmul
         torch.backends.cudnn.allow_tf32 = conv
 
 
 def tf32_state() -> dict[str, bool]:
     """Whether fp32 matmuls and convolutions may use TF32 now (read with the API :func:`set_tf32` writes)."""
-    if _new_tf32_api():
-        matmul = torch.backends.cuda.matmul.fp32_precision
-        if matmul == "none":  # not set: torch.set_float32_matmul_precision decides
-            matmul = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
-        return {"matmul": matmul == "tf32", "conv": torch.backends.cudnn.conv.fp32_precision in ("tf32", "none")}
-    return {"matmul": torch.backends.cuda.matmul.allow_tf32,  # pragma: no cover - torch < 2.9
-            "conv": torch.backends.cudnn.allow_tf32}
+    matmul = _matmul_tf32()
+    if matmul == "none":  # not set: torch.set_float32_matmul_precision decides
+        matmul = torch.get_float32_matmul_precision() != "highest"
+    conv = torch.backends.cudnn.conv.fp32_precision in ("tf32", "none") if _new_tf32_api() \
+        else torch.backends.cudnn.allow_tf32  # pragma: no cover - torch < 2.9
+    return {"matmul": matmul in (True, "tf32"), "conv": conv}
 
 
 @contextlib.contextmanager
 def tf32(enabled: bool):
     """TF32 for fp32 matmuls inside the block only (the matmul benchmark's switch)."""
-    before = tf32_state()
-    if _new_tf32_api():
-        previous = torch.backends.cuda.matmul.fp32_precision
-        torch.backends.cuda.matmul.fp32_precision = "tf32" if enabled else "ieee"
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.fp32_precision = previous
-    else:  # pragma: no cover - torch < 2.9
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = before["matmul"]
+    previous = _matmul_tf32()
+    _set_matmul_tf32(enabled)
+    try:
+        yield
+    finally:
+        _set_matmul_tf32(previous)
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
