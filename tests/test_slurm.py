@@ -253,6 +253,34 @@ def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
     assert ports[0] != ports[1], f"both jobs listened on port {ports[0]} of cnode1"
 
 
+@needs_cluster
+def test_notebook_cells_submit_to_a_real_cluster_only_when_asked_and_cancel_what_an_interrupt_leaves(cluster, tmp_path):
+    """The gate the notebooks' Slurm cells go through: the test cluster always, any other cluster only with
+    SUBMIT = True; and a cell stopped mid-wait leaves no job in the queue."""
+    assert slurm.submission_refused(False) is None, "the course's own test cluster needs no opt-in"
+    refusal = slurm.submission_refused(False, cluster="ft3")
+    assert refusal and "SUBMIT = True" in refusal and "'ft3'" in refusal
+    assert slurm.submission_refused(True, cluster="ft3") is None
+    script = tmp_path / "long.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --output=/dev/null\nsleep 300\n")
+    with pytest.raises(KeyboardInterrupt):
+        with slurm.Submissions(time_limit="00:05:00") as jobs:
+            job = jobs.sbatch(script)
+            wait_until(lambda: slurm.job_records(job)[0]["JobState"] == "RUNNING", 60, "the job never started")
+            assert slurm.job_records(job)[0]["TimeLimit"] == "00:05:00", "the cell's short limit, not the script's"
+            raise KeyboardInterrupt  # Jupyter's stop button, while the cell waits
+    wait_until(lambda: slurm.job_records(job)[0]["JobState"] == "CANCELLED", 30, "the interrupted cell's job lives on")
+
+
+def test_the_site_whose_scripts_a_cell_uses():
+    assert slurm.site_here({"TACC_SYSTEM": "frontera"}, cluster="frontera") == "frontera"
+    assert slurm.site_here({}, cluster="ft3") == "ft3"
+    assert slurm.site_here({}, cluster=slurm.TEST_CLUSTER) == "generic"
+    assert slurm.site_here({"COURSE_SITE": "ft3"}, cluster="other") == "ft3"
+    with pytest.raises(slurm.SlurmError, match="COURSE_SITE must name a folder"):
+        slurm.script_for("one_node", "nowhere")
+
+
 def run_sbatch_by_hand(script: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(REPO_ROOT / "slurm" / script)], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", **env})

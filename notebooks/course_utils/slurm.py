@@ -1,4 +1,9 @@
-"""Submitting and watching Slurm jobs from Python (notebook 04, the tests).
+"""Submitting and watching Slurm jobs from Python (notebooks 04-06, the tests).
+
+A notebook cell submits only to the course's own test cluster, or where the learner
+opted in (``SUBMIT = True`` in the cell): on a cluster's login node ``sbatch`` reaches
+the production queue and the learner's allocation. :class:`Submissions` cancels what a
+cell submitted when the cell is interrupted or fails.
 
 Waiting polls ``scontrol show job`` rather than ``sbatch --wait``, which backs
 off by tens of seconds, and works without Slurm's accounting database (where
@@ -9,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tomllib
@@ -33,6 +39,87 @@ def available() -> str | None:
     if out.returncode != 0:
         return f"sinfo failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}"
     return None
+
+
+TEST_CLUSTER = "coursetest"  # the ClusterName of tests/slurm_cluster.py's cluster
+
+
+def cluster_name() -> str:
+    """The ClusterName of the Slurm this machine talks to ('' if none answers)."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True)
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", out.stdout, re.MULTILINE)
+    return found.group(1) if out.returncode == 0 and found else ""
+
+
+def submission_refused(opt_in: bool, cluster: str | None = None) -> str | None:
+    """None if a notebook cell may submit jobs here; else why not and what to do.
+
+    The course's test cluster always may (it is this machine); a real cluster only with the
+    learner's opt-in, since every job there is queued on their allocation."""
+    why = available()
+    if why is not None:
+        return f"no Slurm here ({why})"
+    cluster = cluster_name() if cluster is None else cluster
+    if opt_in or cluster == TEST_CLUSTER:
+        return None
+    return (f"Slurm cluster '{cluster}' found, and this cell submits only with your say-so: set "
+            "SUBMIT = True in the cell and run it again (its jobs are small, minutes each, and use your allocation)")
+
+
+def site_here(environ: dict[str, str] | None = None, cluster: str | None = None) -> str:
+    """Which ``slurm/<site>/`` scripts fit this cluster: COURSE_SITE if set, Frontera where TACC says
+    so, FT3 where the cluster is named ft3; the generic scripts elsewhere (the test cluster too)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("COURSE_SITE"):
+        return environ["COURSE_SITE"]
+    if environ.get("TACC_SYSTEM") == "frontera":
+        return "frontera"
+    return "ft3" if (cluster_name() if cluster is None else cluster).lower() == "ft3" else "generic"
+
+
+def script_for(pattern: str, site: str | None = None) -> Path:
+    """The site's own script for a launch pattern (``slurm/<site>/<pattern>.sbatch``)."""
+    script = REPO_ROOT / "slurm" / (site or site_here()) / f"{pattern}.sbatch"
+    if not script.is_file():
+        raise SlurmError(f"no {script.relative_to(REPO_ROOT)}: COURSE_SITE must name a folder of slurm/")
+    return script
+
+
+def command_line(script: str | Path, *options: str, env: dict[str, str] | None = None) -> str:
+    """The shell command that submits ``script`` as :func:`sbatch` would (shown where a cell may not submit)."""
+    path = Path(script)
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    assignments = [f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()]
+    return " ".join([*assignments, "sbatch", *options, str(shown)])
+
+
+class Submissions:
+    """The jobs a notebook cell submits, all with a short time limit; when the cell is interrupted
+    (Jupyter's stop button) or fails before they end, they are cancelled, not left in the queue.
+
+        with slurm.Submissions(time_limit="00:15:00") as jobs:
+            job = jobs.sbatch(script, env={...})
+    """
+
+    def __init__(self, time_limit: str = "00:15:00"):
+        self.time_limit = time_limit
+        self.ids: list[int] = []
+
+    def sbatch(self, script: str | Path, *options: str, env: dict[str, str] | None = None) -> int:
+        job = sbatch(script, f"--time={self.time_limit}", *options, env=env)
+        self.ids.append(job)
+        return job
+
+    def __enter__(self) -> "Submissions":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and self.ids:
+            live = [j for j in self.ids if any(r.get("JobState") not in FINAL_STATES for r in job_records(j))]
+            if live:
+                subprocess.run(["scancel", *map(str, live)], capture_output=True)
+                print(f"cancelled job(s) {', '.join(map(str, live))}: the cell stopped before they ended")
+        return False
 
 
 def sbatch(script: str | Path, *options: str, env: dict[str, str] | None = None) -> int:
