@@ -14,8 +14,10 @@ from a hostfile, which many clusters forbid. The optimizer is the course's (--op
 import argparse
 import gc
 import os
+import pickle
 import shutil
 import sys
+import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,6 +53,9 @@ deepspeed_args.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), defa
 deepspeed_args.add_argument("--offload-optimizer", action="store_true",
                             help="keep the fp32 master weights and the optimizer's moments in CPU memory")
 args = parser.parse_args()
+if args.offload_optimizer and args.zero_stage == 0:  # DeepSpeed would run on and leave the optimizer on the GPU
+    parser.exit(2, "error: --offload-optimizer moves ZeRO's optimizer shards to the CPU, and stage 0 has none: "
+                   "add --zero-stage 1, 2 or 3\n")
 cfg = config_from_args(args)
 # the course's door forms the group (this rank's GPU set before it exists); DeepSpeed then uses that group
 info, device, precision = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
@@ -78,7 +83,15 @@ val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.
 losses, first_epoch = [], 0
 ckpt = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
 if ckpt and cfg.resume and (ckpt / "latest").exists():
-    _, client = engine.load_checkpoint(str(ckpt))  # every rank reads its own shard
+    try:
+        loaded, client = engine.load_checkpoint(str(ckpt))  # every rank reads its own shard
+        if loaded is None:  # DeepSpeed only warns when the files 'latest' names are not there
+            raise FileNotFoundError(f"'latest' names {(ckpt / 'latest').read_text().strip()!r}, which is not there")
+    except (AssertionError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:  # DeepSpeed's own checks are asserts
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        sys.exit(f"error: {ckpt} holds no ZeRO checkpoint this run can read ({reason}): give --ckpt-dir a folder "
+                 f"written by train_deepspeed.py (same --zero-stage, same number of ranks), or a new folder")
     mismatch = resume_mismatch(client.get("config", {}), cfg)
     if mismatch:
         sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")

@@ -84,11 +84,12 @@ def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset
     data = CourseDataModule(train_ds, val_ds, cfg, pin_memory=cfg.pin_memory and plan.accelerator == "gpu")
     trainer = make_trainer(cfg, plan)
     precision = resolve_precision(cfg.precision, plan.device)  # what make_trainer gave Lightning
-    resume = latest_checkpoint(cfg.ckpt_dir) if cfg.resume else None
-    if resume and cdist.detect_env().rank == 0:  # before Lightning joins the ranks: ask the launcher
-        print(f"resuming from {resume}", flush=True)
+    rank0 = cdist.detect_env().rank == 0  # before Lightning joins the ranks: ask the launcher
     start = time.perf_counter()
     try:
+        resume = latest_checkpoint(cfg.ckpt_dir, say=lambda line: rank0 and print(line, flush=True)) if cfg.resume else None
+        if resume and rank0:
+            print(f"resuming from {resume}", flush=True)
         trainer.fit(module, data, ckpt_path=resume)
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -64,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
-    resources = tuning.start_ray(args.address, quiet=False)
     try:
+        resources = tuning.start_ray(args.address, quiet=False)
         nodes = tuning.wait_for_nodes(args.nodes)
-    except TimeoutError as exc:
+        unfit = tuning.unfit_request(args.cpus_per_trial, args.gpus_per_trial, tuning.node_resources())
+        if unfit:
+            raise ValueError(unfit)
+    except (ConnectionError, TimeoutError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"Ray: {len(nodes)} node(s) {', '.join(nodes)}; resources {resources}; "
@@ -83,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     print(tuning.table(rows), flush=True)
     result = {"script": "tune.py", **tuning.summary(rows), "seconds": time.perf_counter() - start,
               "path": str(grid.experiment_path), "statuses": [r["status"] for r in rows]}
-    if args.held_out and result["trials"] > result["errored"]:
+    left = sum(r["status"] in ("unfinished", "not started") for r in rows) + args.num_samples - len(rows)
+    result["stopped"] = left > 0
+    if left:  # Tune stopped on a signal (Slurm's warning, Ctrl+C) and saved the search
+        print(f"search stopped with {left} trial(s) left: run the same command again (same --storage and --name) "
+              f"and it resumes from {grid.experiment_path}", flush=True)
+    elif args.held_out and result["trials"] > result["errored"]:
         best = grid.get_best_result(metric=tuning.METRIC, mode=tuning.MODE, scope="all")
         result["held_out_loss"], result["held_out_acc"] = tuning.held_out_score(best, args.held_out)
     emit_result(result)

@@ -85,7 +85,7 @@ def sbatch_lines(site_name: str, site: dict, pattern: str) -> str:
     elif pattern == "multi_node_lightning":
         lines += ["--time=02:00:00", "--output=logs/%x-%j.out", "--signal=B:USR1@90", "--requeue",
                   "--open-mode=append"]
-    elif pattern == "requeue":
+    elif pattern in ("requeue", "multi_node_ray"):
         lines += ["--time=02:00:00", "--output=logs/%x-%j.out", "--signal=B:USR1@120", "--requeue",
                   "--open-mode=append"]
     else:

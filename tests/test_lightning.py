@@ -76,8 +76,8 @@ def test_a_flag_the_script_leaves_out_is_named(script):
     assert "Traceback" not in run.output
 
 
-def test_lightning_refuses_to_resume_another_configuration(tmp_path):
-    """(Notebook 06 resumes a run and reads its TensorBoard log across both; here: the refusal.)"""
+def test_lightning_refuses_to_resume_another_configuration_or_an_unreadable_checkpoint(tmp_path):
+    """(Notebook 06 resumes a run and reads its TensorBoard log across both; here: the refusals, in one line.)"""
     ckpt = ["--ckpt-dir", str(tmp_path)]
     run_script("train_lightning.py", [*TINY, "--epochs", "1", *ckpt], echo=False)
     assert latest_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
@@ -85,6 +85,11 @@ def test_lightning_refuses_to_resume_another_configuration(tmp_path):
                        echo=False)
     assert other.returncode == 2 and "written by another configuration (batch_size 32 -> 16)" in other.output
     assert "Traceback" not in other.output
+    last = tmp_path / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a copy cut short, a full quota
+    broken = run_script("train_lightning.py", [*TINY, "--epochs", "2", *ckpt], check=False, echo=False)
+    assert broken.returncode == 2 and "Traceback" not in broken.output, broken.output
+    assert f"the checkpoint {last} is unreadable" in broken.output and "no readable checkpoint" in broken.output
 
 
 def test_the_loop_by_hand_never_puts_two_ranks_on_one_gpu():

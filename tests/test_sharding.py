@@ -25,7 +25,8 @@ def test_theory_reproduces_the_zero_paper():
 def test_one_process_without_a_launcher_and_one_line_errors(tmp_path):
     """`python scripts/train_deepspeed.py` is a group of one (DeepSpeed alone would look for MPI); its
     checkpoint refuses a resume with another per-rank batch; a flag a script cannot honour stops it
-    before DeepSpeed starts, in one line."""
+    before DeepSpeed starts, in one line; so do a folder that holds no ZeRO checkpoint and an
+    offload that stage 0 cannot do."""
     tiny = ["--model", "mlp", "--epochs", "1", "--n-train", "64", "--n-val", "32", "--batch-size", "16",
             "--workers", "0", "--no-progress", "--zero-stage", "1", "--ckpt-dir", str(tmp_path)]
     result = parse_result(run_script("train_deepspeed.py", tiny, env=ONE_THREAD, timeout_s=300, echo=False).output)
@@ -34,8 +35,14 @@ def test_one_process_without_a_launcher_and_one_line_errors(tmp_path):
         run_script("train_deepspeed.py", [*tiny, "--epochs", "2", "--batch-size", "32"], env=ONE_THREAD,
                    timeout_s=300, echo=False)
     assert "batch_size 16 -> 32" in refused.value.result.output
+    not_zero = tmp_path / "not-zero"
+    not_zero.mkdir()
+    (not_zero / "latest").write_text("global_step9")  # names a checkpoint that is not there
     for script, flags, says in (("train_deepspeed.py", ["--model", "cnn", "--activation-checkpointing"], "--model mlp"),
-                                ("train_fsdp.py", ["--log-dir", "tb"], "does not implement --log-dir")):
+                                ("train_fsdp.py", ["--log-dir", "tb"], "does not implement --log-dir"),
+                                ("train_deepspeed.py", ["--zero-stage", "0", "--offload-optimizer"], "stage 0 has none"),
+                                ("train_deepspeed.py", [*tiny[:-2], "--ckpt-dir", str(not_zero)],
+                                 "holds no ZeRO checkpoint this run can read")):
         with pytest.raises(LaunchError) as refused:
             run_script(script, flags, env=ONE_THREAD, timeout_s=120, echo=False)
         assert refused.value.result.output.strip().splitlines()[-1].startswith("error: ") and says in \

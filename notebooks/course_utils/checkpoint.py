@@ -100,8 +100,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         return torch.load(path, map_location=map_location, weights_only=False)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"the checkpoint {path} is unreadable (truncated or corrupt: {first}); delete it "
-                              f"to resume from {previous_path(path).name}, or start afresh in a new folder") from exc
+        prev = previous_path(path)
+        fix = f"delete it to resume from {prev.name}" if prev.exists() else "delete it to start afresh"
+        raise CheckpointError(f"the checkpoint {path} is unreadable (truncated or corrupt: {first}); {fix}, "
+                              "or give a new folder") from exc
 
 
 def load_latest(path: str | Path, map_location: str | torch.device = "cpu",

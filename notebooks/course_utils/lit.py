@@ -16,7 +16,7 @@ import dataclasses
 import os
 import re
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.utils.data import Dataset
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, load_checkpoint
 from .config import TrainConfig, resume_mismatch
 from .data import make_loader
 from .devices import PlacementError, gpus_bound, node_device
@@ -300,12 +300,28 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-nodes", type=int, help="nodes (default: what the launcher started)")
 
 
-def latest_checkpoint(folder: str | Path | None) -> str | None:
-    """The newest of ``last.ckpt`` and the checkpoints Lightning writes on Slurm's warning signal."""
+def latest_checkpoint(folder: str | Path | None, say: Callable[[str], None] = print) -> str | None:
+    """The newest readable one of ``last.ckpt`` and the checkpoints Lightning writes on Slurm's warning
+    signal. An unreadable one (a copy cut short, a full quota) is named (``say``) and passed over for
+    the one before it; with none readable, :class:`CheckpointError` names them and what to do."""
     if not folder:
         return None
     found = [p for p in [Path(folder) / "last.ckpt", *Path(folder).glob("hpc_ckpt_*.ckpt")] if p.is_file()]
-    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+    unreadable = []
+    for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            load_checkpoint(path)  # Lightning would stop in torch.load's traceback
+        except CheckpointError as exc:
+            unreadable.append(path)
+            say(f"warning: {exc}")
+            continue
+        if unreadable:
+            say(f"resuming from the checkpoint before it, {path}")
+        return str(path)
+    if unreadable:
+        raise CheckpointError(f"no readable checkpoint in {folder} ({', '.join(p.name for p in unreadable)} "
+                              "unreadable): delete them to start afresh, or give --ckpt-dir a new folder")
+    return None
 
 
 def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:

@@ -91,11 +91,28 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, num_gpus:
     if not ray.is_initialized():
         address = address or os.environ.get("RAY_ADDRESS")
         if address:
+            why = unreachable(address)
+            if why:
+                raise ConnectionError(why)
             ray.init(address=address, log_to_driver=not quiet)
         else:
             ray.init(num_cpus=num_cpus or usable_cores(), num_gpus=num_gpus, include_dashboard=False,
                      _temp_dir=ray_temp_dir(), log_to_driver=not quiet)
     return {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
+
+
+def unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """Why no Ray can be listening at ``address`` (HOST:PORT), or None. Checked in seconds: ``ray.init``
+    itself retries a silent address for minutes before it gives up with a stack of tracebacks."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return None  # "auto", ray://...: Ray's own forms, left to Ray
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        return (f"no Ray is listening at {address} ({exc.strerror or exc}): start one there (ray start --head "
+                f"--port {port}), or leave out --address and RAY_ADDRESS to start Ray on this machine")
+    return None
 
 
 def wait_for_nodes(count: int, timeout_s: float = 120.0) -> list[str]:
@@ -260,13 +277,28 @@ def trials_per_node(cpus: float, gpus: float, trial_cpus: float, trial_gpus: flo
     return fit
 
 
-def fitting_trials(workers: int, cpus: float, gpus: float) -> int:
-    """How many trials of ``workers`` x (``cpus``, ``gpus``) the running Ray cluster holds at once, node by node."""
+def unfit_request(cpus: float, gpus: float, nodes: Sequence[dict[str, float]]) -> str | None:
+    """Why no node of the cluster (each a dict of its ``CPU`` and ``GPU``) can hold one trial (or one DDP
+    worker) asking for ``cpus`` and ``gpus``, or None. Ray would not say so: it waits for a node that
+    fits for ever (its autoscaler repeating that no node type can hold it), until the job's time limit."""
+    if any(trials_per_node(n.get("CPU", 0), n.get("GPU", 0), cpus, gpus) for n in nodes):
+        return None
+    largest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    return (f"a trial asks for {cpus:g} CPUs and {gpus:g} GPUs, and the largest of the {len(nodes)} Ray node(s) "
+            f"has {largest.get('CPU', 0):g} CPUs and {largest.get('GPU', 0):g} GPUs, so it would wait for ever: "
+            "lower --cpus-per-trial or --gpus-per-trial, or ask Slurm for bigger nodes")
+
+
+def node_resources() -> list[dict[str, float]]:
+    """The CPUs and GPUs of each live node of the running Ray cluster."""
     import ray
 
-    per_node = [trials_per_node(n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0), cpus, gpus)
-                for n in ray.nodes() if n["Alive"]]
-    return sum(per_node) // workers
+    return [{"CPU": n["Resources"].get("CPU", 0), "GPU": n["Resources"].get("GPU", 0)} for n in ray.nodes() if n["Alive"]]
+
+
+def fitting_trials(workers: int, cpus: float, gpus: float) -> int:
+    """How many trials of ``workers`` x (``cpus``, ``gpus``) the running Ray cluster holds at once, node by node."""
+    return sum(trials_per_node(n["CPU"], n["GPU"], cpus, gpus) for n in node_resources()) // workers
 
 
 def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num_samples: int,

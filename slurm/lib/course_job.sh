@@ -6,7 +6,7 @@
 #                      empty for any other TRAIN_SCRIPT
 #   course_run_requeueable  run training so that Slurm's warning signal checkpoints and requeues
 #   TRAIN_SCRIPT       what to run: the course's scripts/train.py unless set; TRAIN_ARGS its flags
-#   RUN_DIR            a folder per job under COURSE_RUNS (exported: your script may use it)
+#   RUN_DIR            a folder per job under COURSE_RUNS, created here (exported: your script may use it)
 #   SRUN_CPUS_PER_TASK every srun task gets the job's --cpus-per-task (Slurm >= 22.05 needs this)
 # The scripts themselves only choose resources and a launch pattern.
 
@@ -83,6 +83,7 @@ course_flags() {
 # checkpoint at their next step and stop, wait for them, then requeue the job with the same id.
 #   course_run_requeueable children CMD...   the signal goes to CMD's children (torchrun's workers)
 #   course_run_requeueable steps CMD...      the signal goes to every task of the job's steps (srun)
+#   course_run_requeueable self CMD...       the signal goes to CMD itself (Ray Tune's driver stops the search)
 course_run_requeueable() {
     local forward="$1" status=0
     shift
@@ -93,6 +94,8 @@ course_run_requeueable() {
         REQUEUE=1
         if [[ "$forward" == children ]]; then
             pkill -USR1 -P "$TRAIN_PID" || true
+        elif [[ "$forward" == self ]]; then
+            kill -USR1 "$TRAIN_PID" || true
         else
             scancel --signal=USR1 "$SLURM_JOB_ID"   # the tasks of the job's steps, not this shell
         fi
@@ -105,7 +108,7 @@ course_run_requeueable() {
         wait "$TRAIN_PID" && status=0 || status=$?
     done
     if (( REQUEUE )); then
-        echo "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint in $RUN_DIR/ckpt"
+        echo "requeueing job $SLURM_JOB_ID; it resumes from what it saved in $RUN_DIR"
         scontrol requeue "$SLURM_JOB_ID"   # the job goes back to the queue with the same id
     fi
     return "$status"
@@ -127,4 +130,8 @@ fi
 
 COURSE_RUNS="${COURSE_RUNS:-$COURSE_ROOT/runs}"
 RUN_DIR="$COURSE_RUNS/${SLURM_JOB_NAME:-job}-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"
+if ! mkdir -p "$RUN_DIR"; then   # for any script: "a folder per job" exists before it starts
+    echo "error: cannot create RUN_DIR=$RUN_DIR: set COURSE_RUNS to a folder you can write on a filesystem every node sees" >&2
+    exit 2
+fi
 export COURSE_RUNS RUN_DIR TRAIN_SCRIPT TRAIN_ARGS

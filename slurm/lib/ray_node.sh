@@ -4,24 +4,65 @@
 #     ray_node.sh worker HEAD:PORT    a worker on every other node, joining the head
 # Ray stays in the foreground (--block): Slurm owns its processes, and ending the step (scancel, the
 # job's end) ends this node's Ray, and only this job's. (`ray stop` would stop every Ray of yours on
-# the node, another job's too.)
+# the node, another job's too.) Once this node has joined, it writes $RAY_JOINED_DIR/<node>: the batch
+# script starts the search only when every node has.
 set -euo pipefail
 : "${SLURM_JOB_ID:?run this under srun, inside a Slurm job}"
 role="${1:?usage: ray_node.sh head PORT | worker HEAD:PORT}"
 node="$(hostname -s)"
 # A short, node-local folder per job and node: Ray's sockets, logs and spilled objects stay out of $HOME
 temp="/tmp/ray-$SLURM_JOB_ID-$node"
-free_port() { python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
-# Ray's fixed default ports (the agent's 52365, the client server's 10001) would collide with
-# another job's Ray on the same node: take ports free here now.
+# Ports free here now, for everything Ray would otherwise give a fixed default (another job's Ray on the
+# node would collide: the agent's 52365, the client server's 10001) or make its raylet wait for
+read -r -a port < <(python -c 'import socket
+socks = [socket.socket() for _ in range(5)]
+for s in socks: s.bind(("", 0))
+print(*(s.getsockname()[1] for s in socks))')
+# Ray 2.60's raylet gives the dashboard agent it starts 15 s, hard-coded, to report its ports, and aborts
+# the node when the agent misses them (ray issue #65983: "WaitForDashboardAgentPorts"). With the
+# environment on a shared filesystem (Lustre: Frontera's $WORK, FT3's $STORE) the first import of the
+# agent's modules on a node can take longer. So: the ports are given (the raylet then waits for one file
+# instead of three), the runtime-env agent gets 5 minutes, the agent's imports are read once before Ray
+# starts, and a start that still fails is tried again (each try finds more of the files cached).
+export RAY_agent_register_timeout_ms="${RAY_agent_register_timeout_ms:-300000}"
 args=(--block --temp-dir "$temp" --num-cpus "${SLURM_CPUS_PER_TASK:-1}" --disable-usage-stats
       --node-ip-address "$(python -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')"
-      --dashboard-agent-listen-port "$(free_port)")
+      --dashboard-agent-listen-port "${port[0]}" --dashboard-agent-grpc-port "${port[1]}"
+      --metrics-export-port "${port[2]}" --runtime-env-agent-port "${port[3]}")
+if [[ -n "${SLURM_GPUS_ON_NODE:-}" ]]; then
+    args+=(--num-gpus "$SLURM_GPUS_ON_NODE")   # what Slurm gave this node, not what Ray would probe for
+fi
 case "$role" in
     head)   args+=(--head --port "${2:?the port of the head}" --include-dashboard=false
-                   --ray-client-server-port "$(free_port)") ;;
+                   --ray-client-server-port "${port[4]}") ;;
     worker) args+=(--address "${2:?the address of the head, HOST:PORT}") ;;
     *)      echo "error: ray_node.sh head PORT | worker HEAD:PORT, not '$role'" >&2; exit 2 ;;
 esac
-echo "ray $role on $node; temporary files in $temp"
-exec ray start "${args[@]}"
+python - <<'WARM' 2>/dev/null || true
+import logging
+logging.disable(logging.CRITICAL)
+import ray._private.runtime_env.agent.main  # noqa: F401  the runtime-env agent
+import ray.dashboard.agent  # noqa: F401  the dashboard agent, and the modules it loads
+from ray.dashboard import utils
+utils.get_all_modules(utils.DashboardAgentModule)
+WARM
+joined="${RAY_JOINED_DIR:-}/$node"
+for attempt in 1 2 3; do
+    echo "ray $role on $node (try $attempt of 3); temporary files in $temp"
+    started=0
+    # ray start prints "Ray runtime started" once this node has registered with the head, then blocks
+    while IFS= read -r line; do
+        echo "$line"
+        if (( ! started )) && [[ "$line" == *"Ray runtime started"* ]]; then
+            started=1
+            if [[ -n "${RAY_JOINED_DIR:-}" ]]; then touch "$joined"; fi
+        fi
+    done < <(ray start "${args[@]}" 2>&1)
+    if (( started )); then
+        exit 1   # a running Ray ended by itself: the lines above say why
+    fi
+done
+fatal="$(grep -h -m1 ' C ' "$temp"/session_latest/logs/raylet.out 2>/dev/null | cut -c1-200 || true)"
+echo "error: Ray's $role on $node did not start in 3 tries; its log: $temp/session_latest/logs/raylet.out" \
+     "on $node${fatal:+ (first fatal line: $fatal)}" >&2
+exit 1
