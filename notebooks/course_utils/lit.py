@@ -287,9 +287,10 @@ def quiet_lightning() -> None:
     import warnings
 
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
+    # Not "The `srun` command is available on your system but is not used": under Slurm without srun it
+    # says what plan_launch cannot always see (a notebook or torchrun inside an allocation)
     tips = ("does not have many workers", "log_every_n_steps", "treespec, LeafSpec", "exists and is not empty",
-            "`weights_only` was not set",
-            "The `srun` command is available")  # plan_launch checks how the script was started
+            "`weights_only` was not set")
     for tip in tips:
         warnings.filterwarnings("ignore", message=f".*{tip}")
 
@@ -333,7 +334,8 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
                                gradient_as_bucket_view=config.grad_as_bucket_view)  # DDP only with several ranks
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
     if config.ckpt_dir:
-        # last.ckpt each epoch (and every N steps), from rank 0, replacing the one before. Not
+        # last.ckpt at the end of each epoch, or every N optimiser steps with --ckpt-every-steps (Lightning takes
+        # one trigger: then not at epoch ends), from rank 0, replacing the one before. Not
         # save_last=True with save_top_k=0: Lightning 2.6 then writes last.ckpt only when training ends.
         callbacks.append(ModelCheckpoint(dirpath=config.ckpt_dir, filename="last", save_top_k=1,
                                          enable_version_counter=False, every_n_train_steps=config.ckpt_every_steps))

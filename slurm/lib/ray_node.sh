@@ -47,6 +47,10 @@ from ray.dashboard import utils
 utils.get_all_modules(utils.DashboardAgentModule)
 WARM
 joined="${RAY_JOINED_DIR:-}/$node"
+if [[ "$role" == worker && -n "${RAY_JOINED_DIR:-}" ]]; then
+    # started beside the head, so the imports above were read on every node at once: now join a head that is up
+    until [[ -n "$(find "$RAY_JOINED_DIR" -mindepth 1 -print -quit)" ]]; do sleep 0.5; done
+fi
 for attempt in 1 2 3; do
     echo "ray $role on $node (try $attempt of 3); temporary files in $temp"
     started=0
