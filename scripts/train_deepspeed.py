@@ -120,7 +120,7 @@ for epoch in range(first_epoch, cfg.epochs):
         grad_bytes = max(grad_bytes, zero_gradient_bytes(engine, optimizer))
         engine.step()  # at the accumulation boundary: clip, optimizer step on this rank's shard, gather
         if counted is None and engine.global_steps - first_step >= count_window:
-            counted = stop_counting_collectives(engine.global_steps - first_step)
+            counted = stop_counting_collectives(engine.global_steps - first_step, world)
         meter.step_done(len(y))
         total, count = total + loss.detach(), count + 1  # no .item(): no host sync per step
     meter.stop()
@@ -160,8 +160,8 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks
              "epochs": cfg.epochs, "global_step": engine.global_steps, "train_loss": losses, "val_loss": val_loss,
              "val_acc": val_acc, "images_per_s_per_rank": images_per_s, "psi": psi, "memory": memory,
              "theory": zero_theory(psi, world, args.zero_stage, precision, cfg.optimizer, cfg.momentum),
-             "collectives_per_step": counted if counted is not None else  # (a run shorter than the window)
-             stop_counting_collectives(max(engine.global_steps - first_step, 1)),
+             **dict(zip(("collectives_per_step", "sent_bytes_per_step"),  # (the window: the first steps, or all)
+                        counted or stop_counting_collectives(max(engine.global_steps - first_step, 1), world))),
              "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated,
              "peak_memory_mib": peak_memory_mib(device)})
 torch.distributed.barrier()

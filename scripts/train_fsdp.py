@@ -40,6 +40,9 @@ add_config_args(parser)
 fsdp_args = add_sharding_args(parser, "fsdp")
 fsdp_args.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=True,
                        help="free the gathered weights after the forward pass (default: yes)")
+fsdp_args.add_argument("--sync-every-micro-batch", action="store_true",
+                       help="with --grad-accum: reduce-scatter each micro-batch's gradients (less memory: no whole "
+                            "gradients held between micro-batches; more communication)")
 args = parser.parse_args()
 cfg = config_from_args(args)
 # the course's door forms the group (this rank's GPU set before it exists; one process: a group of one)
@@ -82,7 +85,8 @@ for epoch in range(cfg.epochs):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         meter.data_ready()
         boundary = (i + 1) % cfg.grad_accum == 0
-        model.set_requires_gradient_sync(boundary)  # accumulate locally, reduce-scatter on the last micro-batch
+        # off: accumulate whole (unsharded, fp32) gradients locally and reduce-scatter on the last micro-batch
+        model.set_requires_gradient_sync(boundary or args.sync_every_micro_batch)
         loss = nn.functional.cross_entropy(model(x).float(), y)  # inputs cast to bf16 by the policy
         (loss / cfg.grad_accum).backward()  # gathers each unit's weights again, reduce-scatters its gradients
         grad_bytes = max(grad_bytes, fsdp_gradient_bytes(model))
@@ -108,7 +112,7 @@ for unit in model.modules():  # without --reshard-after-forward the last forward
 whole = nn.ParameterList(nn.Parameter(p.full_tensor()) for p in model.parameters())  # gathered: compare
 emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
              "ranks_agree": ranks_agree(whole), "device": str(device), "precision": precision,
-             "reshard_after_forward": args.reshard_after_forward,
+             "reshard_after_forward": args.reshard_after_forward, "sync_every_micro_batch": args.sync_every_micro_batch,
              "activation_checkpointing": args.activation_checkpointing, "epochs": cfg.epochs, "global_step": step,
              "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
              "images_per_s_per_rank": meter.images_per_s, "psi": psi, "memory": memory, "allocated_mib": allocated,

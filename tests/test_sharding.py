@@ -18,6 +18,10 @@ def test_theory_reproduces_the_zero_paper():
     per_rank = [sum(zero_theory(7_500_000_000, 64, stage).values()) / 1e9 for stage in range(4)]
     assert [round(gb, 1) for gb in per_rank] == [120.0, 31.4, 16.6, 1.9]
     assert comm_theory(10**6, 8, 3) == pytest.approx(1.5 * comm_theory(10**6, 8, 2))
+    # accumulating 4 micro-batches: stage 1 reduces once, stage 2 reduce-scatters each micro-batch, stage 3
+    # also gathers the weights twice in each
+    ring = 2 * 10**6 * 7 / 8  # bf16 bytes of one full pass per rank
+    assert [comm_theory(10**6, 8, s, grad_accum=4) / ring for s in range(4)] == pytest.approx([2, 2, 5, 12])
     with pytest.raises(ValueError, match="stage"):
         zero_theory(10, 2, 4)
 

@@ -58,15 +58,18 @@ def zero_theory(psi: int, ranks: int, stage: int, precision: str = "bf16", optim
     return {part: per[part] * psi / (ranks if part in SHARDED[stage] else 1) for part in PARTS}
 
 
-def comm_theory(psi: int, ranks: int, stage: int, precision: str = "bf16") -> float:
-    """Bytes one rank sends per optimizer step with ring collectives (each moves (N-1)/N of its buffer).
+def comm_theory(psi: int, ranks: int, stage: int, precision: str = "bf16", grad_accum: int = 1) -> float:
+    """Bytes one rank sends per optimizer step with ring collectives (a reduce-scatter or an all-gather
+    moves (N-1)/N of the full buffer per rank, an all-reduce twice that), for ``grad_accum`` micro-batches.
 
-    Stages 0-2: the gradients are reduced (all-reduce = reduce-scatter + all-gather: 2 Psi elements).
-    Stage 3: the weights are all-gathered in the forward and again in the backward pass, and the
-    gradients reduce-scattered: 3 Psi elements, 1.5x the data-parallel volume.
+    Stages 0 and 1 reduce the accumulated gradients once per step (an all-reduce, or stage 1's
+    reduce-scatter and all-gather of the updated weights): 2 Psi elements. Stage 2 reduce-scatters the
+    gradients of every micro-batch (each rank keeps only its shard, so it cannot accumulate the whole)
+    and all-gathers the updated weights once: (grad_accum + 1) Psi. Stage 3 also all-gathers every
+    weight in each micro-batch's forward and backward pass: 3 Psi per micro-batch.
     """
     element = 4 if precision == "fp32" else 2
-    passes = 3 if stage == 3 else 2
+    passes = {0: 2, 1: 2, 2: grad_accum + 1, 3: 3 * grad_accum}[stage]
     return passes * psi * element * (ranks - 1) / ranks
 
 
@@ -237,12 +240,19 @@ def zero_memory(engine: Any, optimizer: Any, gradient_bytes: int) -> dict[str, A
             "optimizer_device": ",".join(sorted(where))}
 
 
-def collectives_per_step(steps: int) -> dict[str, float]:
-    """How many times each collective ran per optimizer step, from DeepSpeed's comms logger."""
+def collectives_per_step(steps: int, ranks: int) -> tuple[dict[str, float], dict[str, float]]:
+    """How many times each collective ran per optimizer step, and the bytes this rank sent in each per
+    step as a ring sends them, from DeepSpeed's comms logger (which records each call's message size:
+    the whole buffer of an all-reduce, this rank's shard of an all-gather or a reduce-scatter)."""
     from deepspeed.comm import comms_logger
 
-    calls = {op: sum(v[0] for v in sizes.values()) for op, sizes in comms_logger.comms_dict.items()}
-    return {op: round(n / steps, 2) for op, n in sorted(calls.items()) if op not in ("barrier", "broadcast")}
+    ring = {"all_reduce": 2 * (ranks - 1) / ranks, "all_reduce_coalesced": 2 * (ranks - 1) / ranks,
+            "all_gather": ranks - 1, "all_gather_into_tensor": ranks - 1, "reduce_scatter": ranks - 1,
+            "reduce_scatter_tensor": ranks - 1}
+    ops = {op: sizes for op, sizes in sorted(comms_logger.comms_dict.items()) if op not in ("barrier", "broadcast")}
+    calls = {op: round(sum(v[0] for v in sizes.values()) / steps, 2) for op, sizes in ops.items()}
+    sent = {op: sum(size * v[0] for size, v in sizes.items()) * ring.get(op, 1) / steps for op, sizes in ops.items()}
+    return calls, sent
 
 
 def start_counting_collectives() -> None:
@@ -252,12 +262,12 @@ def start_counting_collectives() -> None:
     comms_logger.comms_dict.clear()
 
 
-def stop_counting_collectives(steps: int) -> dict[str, float]:
+def stop_counting_collectives(steps: int, ranks: int) -> tuple[dict[str, float], dict[str, float]]:
     """:func:`collectives_per_step` over the ``steps`` optimizer steps so far, then the comms logger off:
     it synchronises after every collective, which would serialise communication in the timed steps."""
     import deepspeed.comm
 
-    counted = collectives_per_step(steps)
+    counted = collectives_per_step(steps, ranks)
     deepspeed.comm.configure(enabled=False)
     return counted
 
@@ -271,8 +281,19 @@ def _local(t: Any) -> Any:
 
 
 def fsdp_gradient_bytes(model: torch.nn.Module) -> int:
-    """Bytes of gradient shards this rank holds after a backward pass."""
-    return _nbytes(_local(p.grad) for p in model.parameters())
+    """Bytes of gradients this rank holds after a backward pass: its sharded ``.grad``, and, while
+    gradient sync is off (``set_requires_gradient_sync(False)`` between micro-batches), the whole
+    unsharded gradients FSDP2 accumulates instead (upcast to the reduce dtype), which ``.grad`` does not
+    show. (Read from FSDP2's parameter groups: the allocator sees them only on a GPU.)"""
+    held = [_local(p.grad) for p in model.parameters()]
+    for module in model.modules():
+        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+        for group in getattr(state, "_fsdp_param_groups", []) if state is not None else []:
+            for fsdp_param in group.fsdp_params:
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                held += [getattr(fsdp_param, "unsharded_accumulated_grad", None),
+                         unsharded.grad if isinstance(unsharded, torch.Tensor) else None]
+    return _nbytes(t for t in held if t is not None)
 
 
 def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradient_bytes: int) -> dict[str, Any]:
