@@ -362,14 +362,17 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                     search_alg=search_alg, max_concurrent_trials=max_concurrent,
                                     reuse_actors=workers == 1),  # a DDP trial's Ray Train is started afresh
         run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=verbose, callbacks=list(callbacks),
-                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+                                  # the best epoch's checkpoint (scored by held_out_score) and the latest (resumed)
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=METRIC,
+                                                                          checkpoint_score_order=MODE)),
     )
     return tuner.fit()
 
 
 def interrupt_after(finished: int) -> Any:
-    """A Tune callback that presses Ctrl+C once ``finished`` trials have finished: the search stops
-    as it would on a job's time limit or a stop button, and saves its state for ``Tuner.restore``.
+    """A Tune callback that presses Ctrl+C once ``finished`` trials have finished and another trial is
+    part-way (it has reported an epoch, not its last): the search stops as it would on a job's time
+    limit or a stop button, with work of both kinds to resume, and saves its state for ``Tuner.restore``.
     A restored search carries the callback along (Tune saves it with the run); it does nothing there,
     where that many trials had finished before it started."""
     import signal
@@ -388,8 +391,9 @@ def interrupt_after(finished: int) -> Any:
             if self.before is None:
                 self.before = done(trials)
 
-        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            if not self.fired and (self.before or 0) < finished <= done(trials):
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+            last = result.get("training_iteration", 0) >= trial.config["base"]["epochs"]
+            if not self.fired and not last and (self.before or 0) < finished <= done(trials):
                 self.fired = True
                 os.kill(os.getpid(), signal.SIGINT)  # Tune's own handler: stop and save the state
 
@@ -433,6 +437,7 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
             "best_val_acc": float(frame["val_acc"].max()),
             "status": status(trial.status, epochs, max_epochs),
             "hosts": sorted(set(frame["host"])),
+            "reported": frame["now"].tolist(),  # when each epoch was reported
             "workers": int(frame["workers"].iloc[-1]) if "workers" in frame else 1,
             "start": float(frame["started"].iloc[0]),
             "end": float(frame["now"].iloc[-1]),
@@ -488,7 +493,8 @@ def table(rows: list[dict[str, Any]], keys: Sequence[str] | None = None) -> str:
 
 
 def held_out_score(result: Any, n: int = 1000) -> tuple[float, float]:
-    """Loss and accuracy of a trial's last checkpoint on images no trial trained or was ranked on."""
+    """Loss and accuracy, on images no trial trained or was ranked on, of the checkpoint of the trial's epoch
+    that ranked it (``get_best_result(..., scope="all")`` ranks a trial by its best epoch, not its last)."""
     from .checkpoint import load_checkpoint
     from .data import INFO, held_out_set, make_loader
     from .models import build_model
@@ -497,10 +503,12 @@ def held_out_score(result: Any, n: int = 1000) -> tuple[float, float]:
     cfg, shape = trial_settings(result.config)
     data = held_out_set(cfg.dataset, cfg.data_root, n, n_train=cfg.n_train, n_val=cfg.n_val, seed=cfg.seed)
     model = build_model(cfg.model, INFO[cfg.dataset].channels, INFO[cfg.dataset].num_classes, **shape)
-    if result.checkpoint is not None:
-        with result.checkpoint.as_directory() as folder:
+    if result.checkpoint is not None:  # the epoch that won (kept beside the latest: run_search's CheckpointConfig)
+        with (result.get_best_checkpoint(METRIC, MODE) or result.checkpoint).as_directory() as folder:
             state = load_checkpoint(Path(folder) / "last.pt")
-    else:  # a DDP trial: Ray Train kept the checkpoint and Tune got its path
-        state = load_checkpoint(Path(result.metrics["checkpoint_path"]) / "last.pt")
+    else:  # a DDP trial: Ray Train kept every epoch's checkpoint, and Tune got each one's path
+        frame = result.metrics_dataframe
+        won = frame[METRIC].idxmin() if MODE == "min" else frame[METRIC].idxmax()
+        state = load_checkpoint(Path(frame.loc[won, "checkpoint_path"]) / "last.pt")
     model.load_state_dict(state["model"])
     return evaluate(model, make_loader(data, 256, shuffle=False), torch.device("cpu"))
