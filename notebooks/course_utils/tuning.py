@@ -391,8 +391,10 @@ def interrupt_after(finished: int) -> Any:
             if self.before is None:
                 self.before = done(trials)
 
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-            last = result.get("training_iteration", 0) >= trial.config["base"]["epochs"]
+        # after Tune has registered a part-way trial's checkpoint, not on its result (on_trial_result comes
+        # first: a stop there leaves the trial with no checkpoint to continue from, and it starts over)
+        def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+            last = trial.last_result.get("training_iteration", 0) >= trial.config["base"]["epochs"]
             if not self.fired and not last and (self.before or 0) < finished <= done(trials):
                 self.fired = True
                 os.kill(os.getpid(), signal.SIGINT)  # Tune's own handler: stop and save the state
@@ -423,7 +425,7 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
         if frame is None or frame.empty:
             rows.append({"trial": trial.trial_id, "config": config, "epochs": 0,
                          "val_loss": [], "val_acc": [], "best_val_loss": math.nan, "best_val_acc": math.nan,
-                         "status": status(trial.status, 0, max_epochs), "hosts": [], "start": math.nan,
+                         "status": status(trial.status, 0, max_epochs), "hosts": [], "reported": [], "start": math.nan,
                          "end": math.nan})
             continue
         epochs = int(frame["training_iteration"].max())
