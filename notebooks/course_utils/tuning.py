@@ -361,12 +361,49 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
         tune_config=tune.TuneConfig(metric=METRIC, mode=MODE, num_samples=num_samples, scheduler=sched,
                                     search_alg=search_alg, max_concurrent_trials=max_concurrent,
                                     reuse_actors=workers == 1),  # a DDP trial's Ray Train is started afresh
-        run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=verbose, callbacks=list(callbacks),
+        run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=verbose,
+                                  callbacks=[*callbacks, _count_running(path)],
                                   # the best epoch's checkpoint (scored by held_out_score) and the latest (resumed)
                                   checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=METRIC,
                                                                           checkpoint_score_order=MODE)),
     )
     return tuner.fit()
+
+
+PEAK_FILE = "most_at_once.json"  # beside the search's state: the most trials Tune had running at once
+
+
+def _count_running(folder: Path) -> Any:
+    """A Tune callback that counts the trials Tune holds RUNNING (each holding the CPUs and GPUs Ray
+    granted it) at every step of its loop, and keeps the peak in ``folder``/PEAK_FILE whenever it rises.
+    Tune's own accounting: a trial's first and last report would miss the time it holds its resources
+    before its first epoch ends and after its last (short trials overlap more than their reports show)."""
+    import json
+
+    from ray import tune
+
+    class CountRunning(tune.Callback):  # defined here: importing tuning does not import Ray
+        def __init__(self) -> None:
+            self.peak = 0
+
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            running = sum(t.status == "RUNNING" for t in trials)
+            if running > self.peak:
+                self.peak = running
+                folder.mkdir(parents=True, exist_ok=True)
+                file = folder / PEAK_FILE
+                before = json.loads(file.read_text())["most_at_once"] if file.exists() else 0
+                file.write_text(json.dumps({"most_at_once": max(before, running)}))
+
+    return CountRunning()
+
+
+def most_at_once(grid: Any) -> int:
+    """The most trials the search ``grid`` had running at the same moment (Tune's count, over every run of it)."""
+    import json
+
+    file = Path(grid.experiment_path) / PEAK_FILE
+    return json.loads(file.read_text())["most_at_once"] if file.exists() else 0
 
 
 def interrupt_after(finished: int) -> Any:
@@ -463,19 +500,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"trials": len(rows), "stopped_early": sum(r["status"] == "stopped early" for r in rows),
             "errored": sum(r["status"] == "errored" for r in rows), "epochs": sum(r["epochs"] for r in rows),
             "best_val_loss": best.get("best_val_loss"), "best_val_acc": best.get("best_val_acc"),
-            "best_config": best.get("config"), "hosts": sorted({h for r in rows for h in r["hosts"]}),
-            "most_at_once": most_at_once(rows)}
-
-
-def most_at_once(rows: list[dict[str, Any]]) -> int:
-    """The most trials that were training at the same moment (from their start and last report)."""
-    events = sorted([(r["start"], 1) for r in rows if r["epochs"]] + [(r["end"], -1) for r in rows if r["epochs"]],
-                    key=lambda e: (e[0], e[1]))
-    running = peak = 0
-    for _, change in events:
-        running += change
-        peak = max(peak, running)
-    return peak
+            "best_config": best.get("config"), "hosts": sorted({h for r in rows for h in r["hosts"]})}
 
 
 def table(rows: list[dict[str, Any]], keys: Sequence[str] | None = None) -> str:
