@@ -10,31 +10,50 @@ unit whose weights are gathered just before it runs and freed after; every rank 
 in fp32 (the master copy), computes in bf16 and reduces gradients in fp32.
 --no-reshard-after-forward keeps the gathered weights from the forward to the backward pass (one
 all-gather less per step, more memory: ZeRO-2's trade). Launch with torchrun or srun.
+
+The model is built on the meta device (shapes, no memory), sharded, and only then given memory
+(to_empty); rank 0 builds the initial weights whole on its CPU and each rank takes its shards
+(a large model would load them from a checkpoint instead). With --ckpt-dir every rank writes its
+shards each epoch (torch.distributed.checkpoint); a new run resumes from them on any number of ranks,
+and rank 0 turns the last one into one plain state dict (consolidated.pt).
 """
 
 import argparse
 import gc
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from course_utils.config import add_config_args, config_from_args
+from course_utils.checkpoint import ensure_writable_dir
+from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.dist import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.results import emit_result
-from course_utils.sharding import add_sharding_args, fsdp_gradient_bytes, fsdp_memory, fsdp_precision, start_rank
+from course_utils.sharding import (
+    add_sharding_args,
+    consolidate_sharded,
+    fsdp_gradient_bytes,
+    fsdp_memory,
+    fsdp_precision,
+    latest_sharded,
+    load_sharded,
+    save_sharded,
+    start_rank,
+)
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 
 LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile", "bucket_cap_mb",
-            "grad_as_bucket_view", "ckpt_dir", "ckpt_every_steps", "log_dir"}
+            "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 add_config_args(parser)
 fsdp_args = add_sharding_args(parser, "fsdp")
@@ -58,7 +77,13 @@ mesh = init_device_mesh(device.type, (world,))  # the ranks the weights are shar
 
 torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
 train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
-model = build_model(cfg.model, meta.channels, meta.num_classes).to(device)
+# rank 0's whole initial weights, drawn as every trainer of the course draws them; the other ranks hold none
+initial = build_model(cfg.model, meta.channels, meta.num_classes).state_dict() if rank == 0 else {}
+rng = [torch.get_rng_state()]
+dist.broadcast_object_list(rng, src=0)  # every rank's random stream where rank 0's is now, as if each had built it
+torch.set_rng_state(rng[0])
+with torch.device("meta"):  # shapes only: nothing is allocated until each rank holds just its shards
+    model = build_model(cfg.model, meta.channels, meta.num_classes)
 if args.activation_checkpointing:
     enable_activation_checkpointing(model)
 psi = count_parameters(model)
@@ -68,13 +93,28 @@ for unit in units:
     if any(True for _ in unit.parameters()):
         fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
 fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
+model.to_empty(device=device)  # memory for this rank's shards, uninitialised
+set_model_state_dict(model, initial, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+del initial
 optimizer = make_optimizer(model, cfg, config_lr(cfg, world))  # on the shards: each rank steps its 1/N
 loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers,
                      pin_memory=device.type == "cuda" and cfg.pin_memory, drop_last=True, seed=cfg.seed)
 val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
 
-losses, step, grad_bytes = [], 0, 0
-for epoch in range(cfg.epochs):
+losses, step, grad_bytes, first_epoch, resumed_from = [], 0, 0, 0, None
+ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
+saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
+if saved:
+    progress = load_sharded(saved, model, optimizer)  # this rank's part of the shards, whatever N wrote them
+    mismatch = resume_mismatch(progress["config"], cfg)
+    if mismatch:
+        sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+    first_epoch, step, losses = progress["epoch"], progress["step"], progress["losses"]
+    resumed_from = {"path": str(saved), "world_size": progress["world_size"]}
+    if rank == 0:
+        print(f"resumed from {saved} after epoch {first_epoch} (step {step}), written by {progress['world_size']} "
+              f"rank(s), now on {world}", flush=True)
+for epoch in range(first_epoch, cfg.epochs):
     set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
     model.train()
     meter, total, count = Throughput(device, untimed_steps=cfg.untimed_steps), 0.0, 0
@@ -102,6 +142,9 @@ for epoch in range(cfg.epochs):
     losses.append(float(total) / max(count, 1))  # one host sync per epoch, not per step
     if rank == 0:
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
+    if ckpt:
+        save_sharded(ckpt, model, optimizer, {"epoch": epoch + 1, "step": step, "losses": losses,
+                                              "world_size": world, "config": asdict(cfg)})
 
 memory = fsdp_memory(model, optimizer, grad_bytes)
 allocated = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
@@ -110,12 +153,18 @@ for unit in model.modules():  # without --reshard-after-forward the last forward
     if isinstance(unit, FSDPModule):
         unit.reshard()
 whole = nn.ParameterList(nn.Parameter(p.full_tensor()) for p in model.parameters())  # gathered: compare
+consolidated_diff = None
+if ckpt and rank == 0 and latest_sharded(ckpt):  # one plain file: the model without FSDP
+    plain = consolidate_sharded(latest_sharded(ckpt), ckpt / "consolidated.pt")
+    consolidated_diff = max(float((plain[name.replace("_checkpoint_wrapped_module.", "")] - w.detach().cpu()).abs().max())
+                            for (name, _), w in zip(model.named_parameters(), whole, strict=True))
 emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
              "ranks_agree": ranks_agree(whole), "device": str(device), "precision": precision,
              "reshard_after_forward": args.reshard_after_forward, "sync_every_micro_batch": args.sync_every_micro_batch,
              "activation_checkpointing": args.activation_checkpointing, "epochs": cfg.epochs, "global_step": step,
              "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
              "images_per_s_per_rank": meter.images_per_s, "psi": psi, "memory": memory, "allocated_mib": allocated,
+             "resumed_from": resumed_from, "consolidated_max_abs_diff": consolidated_diff,
              "peak_memory_mib": peak_memory_mib(device)})
 dist.barrier()
 del model, optimizer, whole

@@ -304,6 +304,68 @@ def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
             "optimizer": _nbytes(state), "optimizer_device": ",".join(sorted({t.device.type for t in state}))}
 
 
+def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 progress: dict[str, Any]) -> Path:
+    """A sharded checkpoint with ``torch.distributed.checkpoint``: every rank writes its own shards of the
+    model and the optimizer (no rank gathers the whole) into a new folder, ``folder/step-N``; then rank 0
+    points ``folder/latest`` at it and removes the one before. A job killed mid-write leaves the previous
+    checkpoint whole. ``progress`` (epoch, step, losses, the configuration) is kept beside, as JSON."""
+    import json
+    import shutil
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(folder)
+    shared = [progress]
+    dist.broadcast_object_list(shared, src=0)  # one progress for all: DCP keeps one rank's copy of such items
+    progress = shared[0]
+    model_state, optim_state = get_state_dict(model, optimizer)
+    target = folder / f"step-{progress['step']}"
+    dcp.save({"model": model_state, "optim": optim_state, "progress": json.dumps(progress)}, checkpoint_id=target)
+    dist.barrier()  # every shard written
+    if dist.get_rank() == 0:
+        previous = latest_sharded(folder)
+        (folder / "latest.tmp").write_text(target.name)
+        os.replace(folder / "latest.tmp", folder / "latest")  # atomic: the old checkpoint or the new one
+        if previous is not None and previous != target:
+            shutil.rmtree(previous, ignore_errors=True)
+    dist.barrier()
+    return target
+
+
+def latest_sharded(folder: str | Path | None) -> Path | None:
+    """The checkpoint ``folder/latest`` names, if there is one."""
+    pointer = Path(folder) / "latest" if folder else None
+    return pointer.parent / pointer.read_text().strip() if pointer is not None and pointer.is_file() else None
+
+
+def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load a :func:`save_sharded` checkpoint into a model already sharded (``fully_shard``) on any number of
+    ranks: each rank reads the pieces of the saved shards that make up its own, so a checkpoint written by
+    4 ranks resumes on 2 or on 1. Returns the saved ``progress``."""
+    import json
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state, "progress": ""}
+    dcp.load(state, checkpoint_id=Path(path))  # in place, into this rank's shards
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return json.loads(state["progress"])
+
+
+def consolidate_sharded(path: str | Path, out: str | Path) -> dict[str, torch.Tensor]:
+    """One plain file from a sharded checkpoint (``dcp_to_torch_save``, in one process, no group needed):
+    the whole model's ``state_dict``, which any PyTorch code loads without FSDP."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(Path(path), Path(out))
+    return torch.load(out, map_location="cpu", weights_only=False)["model"]
+
+
 def warm_deepspeed_ops() -> None:
     """Build the C++ ops DeepSpeed compiles on first use on this machine, once per environment
     (``make setup`` runs this, so that no notebook or test pays the build, and no two ranks race for it).
