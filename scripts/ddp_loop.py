@@ -2,13 +2,15 @@
 """Notebook 03's DDP training loop written out by hand: what train.py's Trainer does, on one screen.
 
 Notebook 06 turns it into train_fabric.py with the smallest diff. The flags are train.py's;
-those this loop leaves out stop it with one line. With --ckpt-dir it writes loop.pt each
-epoch (resuming is train.py's and train_lightning.py's).
+those this loop leaves out stop it with one line. --grad-accum N accumulates N micro-batches
+(the all-reduce only on the last, under DDP's no_sync). With --ckpt-dir it writes loop.pt each
+epoch (model, optimizer, epoch), and a new run resumes from it.
 
     torchrun --standalone --nproc-per-node=2 scripts/ddp_loop.py --epochs 2
 """
 
 import argparse
+import contextlib
 import gc
 import sys
 from pathlib import Path
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_utils.checkpoint import load_checkpoint, save_checkpoint
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.devices import PlacementError
@@ -25,10 +28,11 @@ from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model
 from course_utils.precision import autocast, resolve_precision
 from course_utils.results import emit_result
+from course_utils.rng import rng_state, set_rng_state
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 
-LEFT_OUT = {"grad_accum", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
+LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__)
 add_config_args(parser)
@@ -56,32 +60,44 @@ loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers
                      pin_memory=use_gpu and cfg.pin_memory, drop_last=True, seed=cfg.seed)  # each rank its slice
 val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
 
-losses, step = [], 0
-for epoch in range(cfg.epochs):
+losses, step, first_epoch = [], 0, 0
+n_batches = min(len(loader), cfg.steps_per_epoch or len(loader))  # per epoch, on this rank
+ckpt = Path(cfg.ckpt_dir) / "loop.pt" if cfg.ckpt_dir else None
+if ckpt and cfg.resume and ckpt.exists():  # every rank reads it, onto its own device
+    state = load_checkpoint(ckpt, map_location=device)
+    (model.module if world > 1 else model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    first_epoch, losses, step = state["epoch"], state["losses"], state["step"]
+    set_rng_state(state["rng"])  # augmentation draws from it: the next epoch sees the same images
+for epoch in range(first_epoch, cfg.epochs):
     set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
     model.train()
     meter, total, count = Throughput(device, untimed_steps=cfg.untimed_steps), 0.0, 0
     meter.start()
     for i, (x, y) in enumerate(loader):
-        if i == cfg.steps_per_epoch:
+        if i == n_batches:
             break
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         meter.data_ready()
-        with autocast(precision, device):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()  # DDP all-reduces the gradients during backward
-        scaler.step(optimizer)
-        scaler.update()
+        boundary = (i + 1) % cfg.grad_accum == 0 or i + 1 == n_batches  # an optimizer step's last micro-batch
+        with model.no_sync() if world > 1 and not boundary else contextlib.nullcontext():  # all-reduce on the last only
+            with autocast(precision, device):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss / cfg.grad_accum).backward()  # DDP all-reduces the gradients during backward
+        if boundary:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
         meter.step_done(len(y))
-        total, count, step = total + loss.detach(), count + 1, step + 1  # no .item(): no host sync per step
+        total, count = total + loss.detach(), count + 1  # no .item(): no host sync per step
     meter.stop()
     losses.append(float(total) / max(count, 1))
     if rank == 0:
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
-    if cfg.ckpt_dir and rank == 0:  # one writer
-        state = {"model": (model.module if world > 1 else model).state_dict(), "epoch": epoch + 1}
-        torch.save(state, Path(cfg.ckpt_dir) / "loop.pt")
+    if ckpt and rank == 0:  # one writer
+        save_checkpoint({"model": (model.module if world > 1 else model).state_dict(), "optimizer": optimizer.state_dict(),
+                         "epoch": epoch + 1, "losses": losses, "step": step, "rng": rng_state()}, ckpt)
 
 val_loss, val_acc = evaluate(model, val_loader, device, precision)
 emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),

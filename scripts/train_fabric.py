@@ -4,7 +4,9 @@
 Fabric starts or joins the processes, picks each rank's device, wraps the model in DDP,
 shards and moves the batches, runs autocast and the gradient scaler, and saves from rank 0.
 The loop stays yours. --devices/--num-nodes are checked against the launcher as in
-train_lightning.py. With --ckpt-dir it writes loop.pt each epoch.
+train_lightning.py. --grad-accum N accumulates N micro-batches (fabric.no_backward_sync: the
+all-reduce only on the last). With --ckpt-dir it writes loop.pt each epoch (model, optimizer,
+epoch), and a new run resumes from it (fabric.load).
 
     torchrun --standalone --nproc-per-node=2 scripts/train_fabric.py --epochs 2
 """
@@ -26,10 +28,11 @@ from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, placement_arg
 from course_utils.models import build_model
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
+from course_utils.rng import rng_state, set_rng_state
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 
-LEFT_OUT = {"grad_accum", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
+LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__)
 add_config_args(parser)
@@ -59,27 +62,41 @@ loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers
 val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
 loader, val_loader = fabric.setup_dataloaders(loader, val_loader)  # batches arrive on the device
 
-losses, step = [], 0
-for epoch in range(cfg.epochs):
+losses, step, first_epoch = [], 0, 0
+n_batches = min(len(loader), cfg.steps_per_epoch or len(loader))  # per epoch, on this rank
+ckpt = Path(cfg.ckpt_dir) / "loop.pt" if cfg.ckpt_dir else None
+if ckpt and cfg.resume and ckpt.exists():  # every rank reads it, onto its own device
+    # restores these two in place and returns the rest (your own file: it may hold more than tensors)
+    rest = fabric.load(ckpt, {"model": model, "optimizer": optimizer}, weights_only=False)
+    first_epoch, losses, step = rest["epoch"], rest["losses"], rest["step"]
+    for _ in range(first_epoch):  # Fabric sets the sampler's epoch from the loader's iterations: start one per
+        next(iter(loader), None)  # finished epoch (one batch read), so the next epoch shuffles as it would have
+    set_rng_state(rest["rng"])  # augmentation draws from it: the next epoch sees the same images
+for epoch in range(first_epoch, cfg.epochs):
     model.train()  # Fabric calls the sampler's set_epoch each time the loader is iterated
     meter, total, count = Throughput(device, untimed_steps=cfg.untimed_steps), 0.0, 0
     meter.start()
     for i, (x, y) in enumerate(loader):
-        if i == cfg.steps_per_epoch:
+        if i == n_batches:
             break
         meter.data_ready()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        fabric.backward(loss)  # DDP all-reduces the gradients during backward
-        optimizer.step()
+        boundary = (i + 1) % cfg.grad_accum == 0 or i + 1 == n_batches  # an optimizer step's last micro-batch
+        with fabric.no_backward_sync(model, enabled=not boundary):  # all-reduce on the last only
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            fabric.backward(loss / cfg.grad_accum)  # DDP all-reduces the gradients during backward
+        if boundary:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
         meter.step_done(len(y))
-        total, count, step = total + loss.detach(), count + 1, step + 1
+        total, count = total + loss.detach(), count + 1  # no .item(): no host sync per step
     meter.stop()
-    losses.append(float(total) / max(count, 1))  # one host sync per epoch, not per step
+    losses.append(float(total) / max(count, 1))
     if rank == 0:  # (fabric.print prints once per node: on local rank 0)
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
-    if cfg.ckpt_dir:  # Fabric writes from rank 0
-        fabric.save(Path(cfg.ckpt_dir) / "loop.pt", {"model": model, "epoch": epoch + 1})
+    if ckpt:  # Fabric writes from rank 0
+        fabric.save(ckpt, {"model": model, "optimizer": optimizer, "epoch": epoch + 1, "losses": losses, "step": step,
+                          "rng": rng_state()})
 
 val_loss, val_acc = evaluate(model, val_loader, device, precision)
 emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
