@@ -32,13 +32,16 @@ from course_utils.lit import (
     CourseDataModule,
     CourseModule,
     LaunchPlan,
+    STRATEGIES,
     StopOnSignal,
     StopTraining,
     add_launch_args,
+    full_weights,
     latest_checkpoint,
     make_trainer,
     plan_launch,
     quiet_lightning,
+    strategy_refused,
 )
 from course_utils.models import build_model
 from course_utils.precision import resolve_precision
@@ -50,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
     add_launch_args(p)
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp",
+                   help="ddp: a whole model per rank; fsdp: parameters, gradients and optimizer state sharded "
+                        "(ZeRO-3's layout); deepspeed_stage_2: DeepSpeed's ZeRO-2 (CUDA GPUs only). Default: ddp")
     return p
 
 
@@ -59,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         unsupported(cfg, "train_lightning.py", {"channels_last", "compile"})
         plan = plan_launch(cfg.device, args.devices, args.num_nodes)
+        refused = strategy_refused(args.strategy, plan)
+        if refused:
+            raise ValueError(refused)
         for folder, what in ((cfg.ckpt_dir, "checkpoint folder"), (cfg.log_dir, "log folder")):
             if folder:
                 ensure_writable_dir(folder, what)
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan.note:
         cdist.print0(f"note: {plan.note}")
     quiet_lightning()
-    code = train(cfg, plan, train_ds, val_ds, meta)
+    code = train(cfg, plan, args.strategy, train_ds, val_ds, meta)
     # DDP keeps the process group alive in reference cycles: free them and leave the group before
     # the interpreter exits, or gloo's threads may be torn down then and abort the process.
     gc.collect()
@@ -78,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset, meta: DatasetInfo) -> int:
+def train(cfg: TrainConfig, plan: LaunchPlan, strategy: str, train_ds: Dataset, val_ds: Dataset,
+          meta: DatasetInfo) -> int:
     model = build_model(cfg.model, meta.channels, meta.num_classes)
     module = CourseModule(model, cfg)
     data = CourseDataModule(train_ds, val_ds, cfg, pin_memory=cfg.pin_memory and plan.accelerator == "gpu")
-    trainer = make_trainer(cfg, plan)
+    trainer = make_trainer(cfg, plan, strategy)
     precision = resolve_precision(cfg.precision, plan.device)  # what make_trainer gave Lightning
     rank0 = cdist.detect_env().rank == 0  # before Lightning joins the ranks: ask the launcher
     start = time.perf_counter()
@@ -97,21 +107,25 @@ def train(cfg: TrainConfig, plan: LaunchPlan, train_ds: Dataset, val_ds: Dataset
     except StopTraining as stop:  # Slurm's warning: last.ckpt is written, the batch script requeues
         cdist.print0(f"{stop}; {cfg.ckpt_dir or 'no --ckpt-dir'}/last.ckpt written")
     seconds = time.perf_counter() - start
-    # Lightning's teardown has moved the model back to the CPU: evaluate, and compare the ranks over
-    # Lightning's (NCCL) group, on this rank's device again (strategy.root_device, which plan.device names)
+    # DDP's and DeepSpeed's teardown have moved the model back to the CPU: evaluate, and compare the ranks
+    # over Lightning's (NCCL) group, on this rank's device again (strategy.root_device, which plan.device
+    # names); FSDP's shards stay on the device and are gathered whole for this (full_weights)
     device = trainer.strategy.root_device
     if device != plan.device:  # (the strategy was handed plan.parallel_devices: this would be a course bug)
         raise RuntimeError(f"Lightning placed this rank on {device}, the course's policy on {plan.device}")
-    module.model.to(device)
-    val_loss, val_acc = evaluate(module.model, data.val_dataloader(), device, precision)
+    with full_weights(trainer):
+        module.model.to(device)
+        val_loss, val_acc = evaluate(module.model, data.val_dataloader(), device, precision)
+        agree = cdist.ranks_agree(module.model)
     meter = trainer.callbacks[0].meter  # the ThroughputCallback, first in make_trainer's list
     emit_result({
         "trainer": "lightning",
+        "strategy": strategy,
         "world_size": trainer.world_size,
         "launcher": plan.launcher,
         "hosts": cdist.ranks_per_host(),
         "device": str(device),
-        "ranks_agree": cdist.ranks_agree(module.model),
+        "ranks_agree": agree,
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "resumed_from": resume,

@@ -7,12 +7,14 @@ Lightning run; those checks live there. Here: what a notebook cannot show, the m
 
 import re
 import sys
+from datetime import timedelta
 
 import pytest
 import torch
 
 from course_utils.launch import run_command, run_script
-from course_utils.lit import LaunchMismatch, latest_checkpoint, plan_launch
+from course_utils.lit import LaunchMismatch, latest_checkpoint, plan_launch, sharded_placement, strategy_refused
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from course_utils.paths import SCRIPTS
 from course_utils.results import parse_result
 
@@ -121,3 +123,22 @@ def test_fabric_accumulates_and_resumes_exactly_as_the_loop_by_hand_runs_uninter
                                       echo=False).output)
     assert by_hand["global_step"] == resumed["global_step"] == 2 * 6, "16 micro-batches a rank: 5 groups of 3 and 1"
     assert resumed["train_loss"] == by_hand["train_loss"] and resumed["val_loss"] == by_hand["val_loss"]
+
+
+
+GPU_2 = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2"])
+def test_a_sharded_strategy_gets_the_rank_s_gpu_and_is_refused_in_one_line_without_one(strategy):
+    """On GPUs the strategy is handed the devices of the course's policy (local rank 1 on cuda:1); on a
+    CPU, where Lightning 2.6 refuses both, one line names the course script that shards there."""
+    gpu = plan_launch("auto", None, None, gpus_visible=2, env=GPU_2)
+    assert strategy_refused(strategy, gpu) is None
+    made = sharded_placement(strategy, gpu, timedelta(seconds=60))["strategy"]
+    assert made.parallel_devices[gpu.local_rank] == gpu.device == torch.device("cuda:1")  # its root_device
+    assert isinstance(made, FSDPStrategy if strategy == "fsdp" else DeepSpeedStrategy)
+    cpu = plan_launch("auto", None, None, gpus_visible=0, env=GPU_2)
+    refusal = strategy_refused(strategy, cpu)
+    assert "CUDA GPUs only" in refusal and ("train_fsdp.py" if strategy == "fsdp" else "train_deepspeed.py") in refusal
+    assert "choose one of ddp, fsdp" in strategy_refused("fsdp2", gpu)

@@ -12,6 +12,7 @@ before Lightning starts and stops with one line where Lightning would hang or fa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import re
@@ -27,7 +28,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -43,6 +44,8 @@ from .trainer import config_lr, linear_warmup, make_optimizer
 
 # the course's precision names -> Lightning's and Fabric's
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+# train_lightning.py --strategy: the same LightningModule replicated (DDP) or sharded (notebook 07's ideas)
+STRATEGIES = ("ddp", "fsdp", "deepspeed_stage_2")
 
 
 class LaunchMismatch(ValueError):
@@ -307,6 +310,8 @@ def latest_checkpoint(folder: str | Path | None, say: Callable[[str], None] = pr
     the one before it; with none readable, :class:`CheckpointError` names them and what to do."""
     if not folder:
         return None
+    if (Path(folder) / "last.ckpt").is_dir():  # --strategy deepspeed_stage_2: DeepSpeed's folder, Lightning reads it
+        return str(Path(folder) / "last.ckpt")
     found = [p for p in [Path(folder) / "last.ckpt", *Path(folder).glob("hpc_ckpt_*.ckpt")] if p.is_file()]
     unreadable = []
     for path in sorted(found, key=lambda p: p.stat().st_mtime, reverse=True):
@@ -325,13 +330,52 @@ def latest_checkpoint(folder: str | Path | None, say: Callable[[str], None] = pr
     return None
 
 
-def make_trainer(config: TrainConfig, plan: LaunchPlan) -> L.Trainer:
-    """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout, TensorBoard, checkpoints, requeue."""
+def strategy_refused(strategy: str, plan: LaunchPlan) -> str | None:
+    """Why ``strategy`` cannot run with ``plan`` (one line that says what to do instead), or None.
+
+    Lightning 2.6 runs both sharded strategies on CUDA GPUs only: the Trainer refuses ``fsdp`` with
+    another accelerator, and ``DeepSpeedStrategy.setup_environment`` refuses it once ``fit`` starts,
+    after the data and model are built. The course's own scripts shard on CPUs too (notebook 07)."""
+    if strategy not in STRATEGIES:
+        return f"--strategy {strategy}: choose one of {', '.join(STRATEGIES)}"
+    if strategy != "ddp" and plan.accelerator != "gpu":
+        instead = "train_fsdp.py (FSDP2)" if strategy == "fsdp" else "train_deepspeed.py"
+        return (f"--strategy {strategy}: Lightning runs it on CUDA GPUs only, and this run is on {plan.device}; "
+                f"scripts/{instead} shards the same model on CPUs too (notebook 07)")
+    return None
+
+
+def sharded_placement(strategy: str, plan: LaunchPlan, timeout: timedelta) -> dict[str, Any]:
+    """``placement_args`` for FSDP or DeepSpeed ZeRO-2: the strategy gets the plan's devices, also for one process."""
+    devices = [torch.device(d) for d in plan.parallel_devices] or [plan.device]
+    if strategy == "fsdp":
+        made = FSDPStrategy(parallel_devices=devices, timeout=timeout)  # FULL_SHARD: ZeRO-3's layout
+    else:
+        made = DeepSpeedStrategy(stage=2, parallel_devices=devices, timeout=timeout)
+    return {"accelerator": plan.accelerator, "devices": "auto", "num_nodes": plan.num_nodes, "strategy": made}
+
+
+def full_weights(trainer: L.Trainer) -> contextlib.AbstractContextManager:
+    """A context in which the LightningModule's parameters are whole on every rank after ``fit``: FSDP's
+    are shards outside it (they stay on the rank's device; DDP and DeepSpeed ZeRO-2 keep whole weights)."""
+    if isinstance(trainer.strategy, FSDPStrategy):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        return FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False)
+    return contextlib.nullcontext()
+
+
+def make_trainer(config: TrainConfig, plan: LaunchPlan, strategy: str = "ddp") -> L.Trainer:
+    """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout (or ``strategy``: FSDP,
+    DeepSpeed ZeRO-2, see :func:`strategy_refused`), TensorBoard, checkpoints, requeue."""
     precision = resolve_precision(config.precision, plan.device)
     set_tf32(config.tf32)
-    placement = placement_args(plan, DDPStrategy, timeout=timedelta(seconds=collective_timeout_s()),
-                               bucket_cap_mb=config.bucket_cap_mb,
-                               gradient_as_bucket_view=config.grad_as_bucket_view)  # DDP only with several ranks
+    timeout = timedelta(seconds=collective_timeout_s())
+    if strategy == "ddp":
+        placement = placement_args(plan, DDPStrategy, timeout=timeout, bucket_cap_mb=config.bucket_cap_mb,
+                                   gradient_as_bucket_view=config.grad_as_bucket_view)  # DDP only with several ranks
+    else:
+        placement = sharded_placement(strategy, plan, timeout)
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
     if config.ckpt_dir:
         # last.ckpt at the end of each epoch, or every N optimiser steps with --ckpt-every-steps (Lightning takes
