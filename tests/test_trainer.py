@@ -71,6 +71,23 @@ def test_resume_continues_from_last_checkpoint(tmp_path):
     assert [h.epoch for h in second.history] == [0, 1]
 
 
+def test_a_run_resumed_with_another_learning_rate_trains_with_it(tmp_path):
+    """Population Based Training resumes a donor's checkpoint with a changed lr: the optimiser's saved
+    state must not bring the old one back, also part-way through the warm-up."""
+    ckpt = tmp_path / "ckpt"
+    _linear_trainer(batch=16, accum=1, ckpt_dir=str(ckpt), warmup_epochs=2).fit()  # 4 of 8 warm-up steps
+    same = _linear_trainer(batch=16, accum=1, ckpt_dir=str(ckpt), warmup_epochs=2)
+    assert same.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 5 / 8)  # the warm-up's 5th step
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=1, lr=0.4, momentum=0.0, weight_decay=0.0, progress=False, ckpt_dir=str(ckpt),
+                         warmup_epochs=2)
+    faster = Trainer(nn.Linear(8, 2), DataLoader(_linear_problem(), batch_size=16), "cpu", config)
+    assert faster.epoch == 1 and faster.optimizer.param_groups[0]["lr"] == pytest.approx(0.4 * 5 / 8)
+    faster.cfg.epochs = 2
+    faster.fit()
+    assert faster.optimizer.param_groups[0]["lr"] == pytest.approx(0.4)  # the warm-up ended at the new lr
+
+
 def test_precision_rules():
     cpu = torch.device("cpu")
     assert resolve_precision("amp", cpu) == "bf16"

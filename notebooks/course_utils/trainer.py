@@ -375,6 +375,23 @@ class Trainer:
             save_checkpoint(self.state_dict(in_epoch), path)
         cdist.barrier()
 
+    def _keep_configured_lr(self, saved_optimizer: dict[str, Any]) -> None:
+        """The optimiser's and the warm-up's state carry the saved run's learning rate: rescale them to
+        this run's (``self.lr``), at the same point of the warm-up. A run resumed with the same settings
+        is untouched; Population Based Training resumes a donor's checkpoint with a changed lr."""
+        group = saved_optimizer["param_groups"][0]
+        saved_lr = group.get("initial_lr", group["lr"])  # the warm-up's target, else the lr itself
+        if saved_lr == self.lr or saved_lr <= 0:
+            return
+        scale = self.lr / saved_lr
+        for g in self.optimizer.param_groups:
+            g["lr"] *= scale
+            if "initial_lr" in g:
+                g["initial_lr"] *= scale
+        if self.scheduler is not None:
+            self.scheduler.base_lrs = [lr * scale for lr in self.scheduler.base_lrs]
+        cdist.print0(f"learning rate {self.lr:g} from this run's settings (the checkpoint's run used {saved_lr:g})")
+
     def resume_from(self, path: str | Path) -> bool:
         """Continue from the checkpoint at ``path`` (or the one before it, if that one is
         unreadable); False when there is none. A checkpoint written by another
@@ -399,6 +416,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        self._keep_configured_lr(state["optimizer"])
         self.epoch = state["epoch"]
         self._resume_in_epoch = state.get("in_epoch")
         self.global_step = state["global_step"]
