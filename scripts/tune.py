@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hparams: lr, batch size, width; arch: depth, width, normalisation, lr (default: hparams)")
     g.add_argument("--num-samples", type=int, default=8, help="trials to run (default: 8)")
     g.add_argument("--scheduler", choices=tuning.SCHEDULERS, default="asha",
-                   help="asha stops the worse trials early; fifo trains every trial to --epochs (default: asha)")
+                   help="asha stops the worse trials early; fifo trains every trial to --epochs; pbt (Population "
+                        "Based Training) copies better trials into worse ones each epoch, perturbing lr (default: asha)")
     g.add_argument("--searcher", choices=tuning.SEARCHERS, default="random",
                    help="random, or optuna (TPE: draws later trials where the good ones were) (default: random)")
     g.add_argument("--grace-epochs", type=int, default=1, help="ASHA's first rung, in epochs (default: 1)")
@@ -42,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPUs per trial (per worker); 0.5 packs two trials on a GPU (default: 0)")
     g.add_argument("--workers-per-trial", type=int, default=1, help="DDP workers per trial (default: 1)")
     g.add_argument("--max-concurrent", type=int, default=None, help="at most this many trials at once")
+    g.add_argument("--max-failures", type=int, default=0,
+                   help="start a failed trial again from its last checkpoint this many times (default: 0)")
     g.add_argument("--name", default="search", help="the search's folder under --storage (default: search)")
     g.add_argument("--storage", default=str(tuning.DEFAULT_STORAGE),
                    help="where results and checkpoints go; on a cluster, a folder every node sees")
@@ -58,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         base = config_from_args(args)
         if args.num_samples < 1 or args.workers_per_trial < 1:
             raise ValueError("--num-samples and --workers-per-trial must be at least 1")
-        warning = tuning.gpu_share_warning(args.workers_per_trial, args.gpus_per_trial)
+        warning = tuning.gpu_share_warning(args.workers_per_trial, args.gpus_per_trial) or \
+            tuning.pbt_refused(args.scheduler, args.searcher, args.workers_per_trial)
         if warning:
             raise ValueError(warning)
     except ValueError as exc:
@@ -80,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         base, tuning.space(args.space), name=args.name, num_samples=args.num_samples, scheduler=args.scheduler,
         searcher=args.searcher, storage=args.storage, cpus_per_trial=args.cpus_per_trial,
         gpus_per_trial=args.gpus_per_trial, workers=args.workers_per_trial, grace_epochs=args.grace_epochs,
-        reduction_factor=args.reduction_factor, max_concurrent=args.max_concurrent, seed=base.seed, fresh=args.fresh,
+        reduction_factor=args.reduction_factor, max_concurrent=args.max_concurrent, seed=base.seed,
+        max_failures=args.max_failures, fresh=args.fresh,
         verbose=1)
     rows = tuning.trials(grid, base.epochs)
     print(tuning.table(rows), flush=True)

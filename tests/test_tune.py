@@ -21,7 +21,8 @@ def test_a_request_no_node_can_hold_is_named_with_the_largest_node():
 @pytest.mark.parametrize("flags, says", [
     (["--address", "127.0.0.1:9"], "no Ray is listening at 127.0.0.1:9"),
     (["--gpus-per-trial", "1"], "and the largest of the 1 Ray node(s) has"),
-], ids=["address-where-no-ray-listens", "gpus-per-trial-without-a-gpu"])
+    (["--scheduler", "pbt", "--searcher", "optuna"], "scheduler pbt runs single-process trials drawn at random"),
+], ids=["address-where-no-ray-listens", "gpus-per-trial-without-a-gpu", "pbt-with-tpe"])
 def test_tune_stops_in_one_line(flags, says, tmp_path):
     if "--gpus-per-trial" in flags and torch.cuda.device_count():
         pytest.skip("this machine has a GPU: a trial of one GPU fits")

@@ -48,11 +48,14 @@ def stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ylabe
     return fig
 
 
-def line_chart(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, ylabel: str,
-               title: str, logx: bool = False, logy: bool = False):
+def line_chart(x: Sequence[float] | None, series: dict[str, Sequence], xlabel: str, ylabel: str,
+               title: str, logx: bool = False, logy: bool = False, steps: bool = False):
+    """One line per series over ``x``; a series given as ``(xs, ys)`` has its own x (then ``x`` may be None).
+    ``steps``: hold each value until the next (a best-so-far, a setting that changes at points)."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, ys in series.items():
-        ax.plot(x, ys, marker="o", label=name)
+        xs, ys = ys if isinstance(ys, tuple) else (x, ys)
+        ax.plot(xs, ys, marker="o", label=name, drawstyle="steps-post" if steps else "default")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

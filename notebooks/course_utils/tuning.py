@@ -20,6 +20,7 @@ import getpass
 import logging
 import math
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -37,10 +38,12 @@ from .paths import REPO_ROOT
 
 METRIC, MODE = "val_loss", "min"  # what every search ranks its trials by
 SHAPE_KEYS = ("width", "depth", "norm")  # the architecture knobs of the CNN (models.build_model)
-# what run_search adds to a trial's settings: the base TrainConfig, and how a DDP trial is laid out
-RUN_KEYS = ("base", "workers", "cpus_per_worker", "gpus_per_worker", "storage")
+# what run_search adds to a trial's settings: the base TrainConfig, how a DDP trial is laid out, and
+# fail_at_epoch: the trial raises after that epoch (a transient failure: not once restored from a checkpoint;
+# with fail_every_start, every time: a bug), for notebook 08's lesson on FailureConfig
+RUN_KEYS = ("base", "workers", "cpus_per_worker", "gpus_per_worker", "storage", "fail_at_epoch", "fail_every_start")
 SEARCHERS = ("random", "optuna")
-SCHEDULERS = ("asha", "fifo")
+SCHEDULERS = ("asha", "fifo", "pbt")
 DEFAULT_STORAGE = REPO_ROOT / "runs" / "tune"
 
 
@@ -156,10 +159,15 @@ def train_one(params: dict[str, Any], device: torch.device, workdir: str, report
     cfg = replace(cfg, ckpt_dir=workdir, resume=True, log_dir=None, progress=False)
     trainer = build_trainer(cfg, device, **shape)  # the same set-up as scripts/train.py
     started, host = time.time(), socket.gethostname()
+    fresh = trainer.epoch == 0  # not restored from a checkpoint (a resumed search, a retry, PBT's exploit)
 
     def epoch_done(stats: Any) -> None:
+        if trainer.epoch == params.get("fail_at_epoch") and (fresh or params.get("fail_every_start")):
+            raise RuntimeError(f"this trial fails on purpose after epoch {trainer.epoch} (fail_at_epoch), "
+                               "before reporting it")
         report({"epoch": trainer.epoch, "train_loss": stats.train_loss, "val_loss": stats.val_loss,
                 "val_acc": stats.val_acc, "images_per_s": stats.images_per_s, "host": host,
+                "lr": trainer.optimizer.param_groups[0]["lr"],  # the one the optimiser used (PBT changes it)
                 "device": str(device), "started": started, "now": time.time()}, workdir)
 
     trainer.epoch_callback = epoch_done
@@ -301,16 +309,29 @@ def fitting_trials(workers: int, cpus: float, gpus: float) -> int:
     return sum(trials_per_node(n["CPU"], n["GPU"], cpus, gpus) for n in node_resources()) // workers
 
 
+def pbt_refused(scheduler: str, searcher: str, workers: int) -> str | None:
+    """Why a PBT search cannot run this way (one line), or None. PBT changes configurations itself, and a
+    DDP trial's Ray Train would start without the checkpoint PBT hands the trial."""
+    if scheduler == "pbt" and (searcher != "random" or workers > 1):
+        return ("scheduler pbt runs single-process trials drawn at random: use --searcher random and "
+                "--workers-per-trial 1, or another scheduler")
+    return None
+
+
 def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num_samples: int,
                scheduler: str = "asha", searcher: str = "random", storage: str | Path = DEFAULT_STORAGE,
                cpus_per_trial: float = 1, gpus_per_trial: float = 0, workers: int = 1, grace_epochs: int = 1,
                reduction_factor: int = 2, max_concurrent: int | None = None, seed: int = 0,
-               fresh: bool = False, callbacks: Sequence[Any] = (), verbose: int = 0) -> Any:
+               max_failures: int = 0, fresh: bool = False, callbacks: Sequence[Any] = (), verbose: int = 0) -> Any:
     """Run (or resume) the search ``name``: ``num_samples`` trials of ``param_space`` on top of ``base``,
     each at most ``base.epochs`` epochs; returns Tune's ``ResultGrid``.
 
     ``scheduler``: ``asha`` stops the worse trials at each rung (``grace_epochs``, then times
-    ``reduction_factor``), ``fifo`` runs every trial to the end. ``searcher``: ``random``, or
+    ``reduction_factor``), ``fifo`` runs every trial to the end, ``pbt`` (Population Based
+    Training) replaces a trial in the worst quarter after each epoch by a copy of one in the best
+    quarter, its weights and its lr changed (x0.8 or x1.2, or drawn anew from the space's ``lr``).
+    ``max_failures``: how often a trial that fails is started again from its last checkpoint
+    before Tune records it as errored (the search goes on either way). ``searcher``: ``random``, or
     ``optuna`` (TPE: later trials are drawn where the good ones were). ``workers > 1``: each trial
     trains with that many DDP workers. A search found in ``storage`` is resumed (finished trials are
     kept, unfinished ones continue from their last epoch) unless ``fresh``.
@@ -324,6 +345,9 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
     warning = gpu_share_warning(workers, gpus_per_trial)
     if warning:
         raise ValueError(warning)
+    refused = pbt_refused(scheduler, searcher, workers)
+    if refused:
+        raise ValueError(refused)
     storage = Path(storage).resolve()  # Ray wants an absolute path; on a cluster, one every node sees
     path = storage / name
     if workers > 1:
@@ -342,8 +366,19 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
     elif tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=True)
         return tuner.fit()
-    sched = (ASHAScheduler(time_attr="training_iteration", max_t=base.epochs, grace_period=grace_epochs,
-                           reduction_factor=reduction_factor) if scheduler == "asha" else FIFOScheduler())
+    if scheduler == "asha":
+        sched = ASHAScheduler(time_attr="training_iteration", max_t=base.epochs, grace_period=grace_epochs,
+                              reduction_factor=reduction_factor)
+    elif scheduler == "pbt":
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        if not hasattr(param_space.get("lr"), "sample"):
+            raise ValueError("scheduler pbt mutates the learning rate: give the space an lr range (tune.loguniform)")
+        random.seed(seed)  # PBT draws its donors and perturbations from Python's random module
+        sched = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1,
+                                        hyperparam_mutations={"lr": param_space["lr"]})
+    else:
+        sched = FIFOScheduler()
     if searcher == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -363,8 +398,12 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                     reuse_actors=workers == 1),  # a DDP trial's Ray Train is started afresh
         run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=verbose,
                                   callbacks=[*callbacks, _count_running(path)],
-                                  # the best epoch's checkpoint (scored by held_out_score) and the latest (resumed)
-                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=METRIC,
+                                  failure_config=tune.FailureConfig(max_failures=max_failures),
+                                  # the best epoch's checkpoint (scored by held_out_score) and the latest (resumed);
+                                  # PBT keeps all: a trial that exploits another loads the checkpoint the donor
+                                  # had then, which the donor's later epochs would otherwise have deleted
+                                  checkpoint_config=tune.CheckpointConfig(num_to_keep=None if scheduler == "pbt" else 1,
+                                                                          checkpoint_score_attribute=METRIC,
                                                                           checkpoint_score_order=MODE)),
     )
     return tuner.fit()
@@ -462,8 +501,9 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
         if frame is None or frame.empty:
             rows.append({"trial": trial.trial_id, "config": config, "epochs": 0,
                          "val_loss": [], "val_acc": [], "best_val_loss": math.nan, "best_val_acc": math.nan,
-                         "status": status(trial.status, 0, max_epochs), "hosts": [], "reported": [], "start": math.nan,
-                         "end": math.nan})
+                         "status": status(trial.status, 0, max_epochs), "hosts": [], "reported": [], "lr": [], "at_epoch": [], "starts": 0,
+                         "failures": trial.num_failures,
+                         "tag": trial.experiment_tag, "start": math.nan, "end": math.nan})
             continue
         epochs = int(frame["training_iteration"].max())
         rows.append({
@@ -477,11 +517,42 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
             "status": status(trial.status, epochs, max_epochs),
             "hosts": sorted(set(frame["host"])),
             "reported": frame["now"].tolist(),  # when each epoch was reported
+            "lr": frame["lr"].tolist() if "lr" in frame else [],  # the optimiser's, per epoch
+            "at_epoch": frame["epoch"].tolist(),  # the Trainer's epoch of each report (PBT's copies jump)
+            "failures": trial.num_failures,  # Tune's count: retried (FailureConfig) or errored
+            # processes the trial ran in: 1, or more after a retry (FailureConfig) or a PBT exploit
+            "starts": int(frame["started"].nunique()),
+            "tag": trial.experiment_tag,
             "workers": int(frame["workers"].iloc[-1]) if "workers" in frame else 1,
             "start": float(frame["started"].iloc[0]),
             "end": float(frame["now"].iloc[-1]),
         })
     return sorted(rows, key=lambda r: (math.isnan(r["best_val_loss"]), r["best_val_loss"]))
+
+
+def exploits(grid: Any) -> list[dict[str, Any]]:
+    """What Population Based Training did, in order (Tune's ``pbt_global.txt``): at which epoch which
+    trial (its tag, as in ``trials``' rows) took the weights of which, and the lr it went on with."""
+    import json
+
+    file = Path(grid.experiment_path) / "pbt_global.txt"
+    lines = file.read_text().splitlines() if file.exists() else []
+    rows = []
+    for target, donor, epoch, donor_epoch, donor_config, new_config in map(json.loads, lines):
+        rows.append({"trial": target, "donor": donor, "epoch": epoch, "donor_epoch": donor_epoch,
+                     "donor_lr": donor_config["lr"], "lr": new_config["lr"]})
+    return rows
+
+
+def best_so_far(rows: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+    """The search as a budget: after each trial (in the order they started), the epochs spent so far and
+    the best validation loss found so far."""
+    spent, best, xs, ys = 0, math.inf, [], []
+    for row in sorted(rows, key=lambda r: r["start"]):
+        spent, best = spent + row["epochs"], min(best, row["best_val_loss"])
+        xs.append(spent)
+        ys.append(best)
+    return xs, ys
 
 
 def status(state: str, epochs: int, max_epochs: int) -> str:
