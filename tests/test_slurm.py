@@ -92,8 +92,8 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # per pattern writes the launch lines), and every script's request is checked against the cluster with
 # `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
 # one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
-# plain script, and the sweep array; notebook 06 the Lightning pattern; the requeue test below FT3's and
-# Frontera's requeue pattern (Frontera's four tasks per node; notebook 05 requeues generic's); the Ray
+# plain script, and the sweep array; notebook 06 the Lightning pattern; the requeue test below Frontera's
+# requeue pattern (four tasks per node; notebook 05 requeues generic's, two tasks as on FT3); the Ray
 # test FT3's and Frontera's Ray patterns. What no notebook runs runs here: the plain script through the other generic
 # patterns, and DeepSpeed on two nodes.
 RUN_HERE = {("generic", "one_node"): "plain", ("generic", "multi_node_torchrun"): "plain",
@@ -145,12 +145,12 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
 
 @needs_cluster
 def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path, uninterrupted):
-    """FT3's and Frontera's requeue scripts: the warning signal makes training checkpoint at its next step
-    and stop; the job requeues, resumes after that step, and ends bit for bit where a run
-    that was never interrupted ends (same ranks, one thread each)."""
+    """Frontera's requeue script (four ranks; notebook 05 requeues generic's two, FT3's layout): the warning
+    signal makes training checkpoint at its next step and stop; the job requeues, resumes after that step,
+    and ends bit for bit where a run that was never interrupted ends (same ranks, one thread each)."""
     args = " ".join(RESUME_ARGS)  # the session's uninterrupted runs (conftest.py) are the references
     jobs = {}
-    for site in ("ft3", "frontera"):  # (notebook 05 requeues generic's, with these launch lines)
+    for site in ("frontera",):
         runs = tmp_path / site
         job = slurm.sbatch(REPO_ROOT / "slurm" / site / "requeue.sbatch",
                            env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **ONE_THREAD})
