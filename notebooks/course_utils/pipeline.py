@@ -1,0 +1,101 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining`` (notebook 09, ``scripts/train_pipeline.py``).
+
+A model too large for one device is cut into consecutive *stages*, one per rank; a batch is cut
+into *micro-batches* that flow through the stages, so that stage 2 works on micro-batch 1 while
+stage 1 works on micro-batch 2. Until the pipeline is full and after it drains, some stages wait:
+the *bubble*, a fraction (p-1)/(m+p-1) of the step for p stages and m micro-batches, whatever the
+schedule. GPipe runs every forward, then every backward (each stage holds the activations of all m
+micro-batches); 1F1B alternates one forward and one backward once the pipeline is full (stage s of p
+holds at most p-s).
+
+:class:`SimulatedWork` stands in for a stage's compute with a fixed time per micro-batch, forward
+and backward, so that the schedule's bubble is measured as the schedule makes it and not as a
+machine's cores happen to be shared; it also counts the micro-batches whose activations a stage
+holds. The stages' real layers run as well: the pipeline's losses and gradients are compared with
+the unsplit model's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def bubble_theory(stages: int, microbatches: int) -> float:
+    """The share of a pipeline step each stage waits, when every micro-batch takes the same time per stage."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def held_theory(schedule: str, stages: int, microbatches: int, stage: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at most: all of them under GPipe, under
+    1F1B the ones in flight between its first forward and its first backward."""
+    return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)
+
+
+def schedule_class(name: str) -> type:
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+
+
+def min_microbatches(name: str, stages: int) -> int:
+    """torch's 1F1B needs at least one micro-batch per stage; GPipe runs with any number."""
+    return stages if name == "1f1b" else 1
+
+
+class SimulatedWork(torch.autograd.Function):
+    """Identity on the activations; sleeps ``forward_s`` in the forward pass and twice that in the
+    backward (a backward pass costs about two forwards), and counts micro-batches held in ``meter``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, forward_s: float, meter: dict[str, int]) -> torch.Tensor:
+        ctx.forward_s, ctx.meter = forward_s, meter
+        time.sleep(forward_s)
+        meter["held"] += 1
+        meter["peak"] = max(meter["peak"], meter["held"])
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        time.sleep(2 * ctx.forward_s)
+        ctx.meter["held"] -= 1
+        return grad, None, None
+
+
+class Stage(nn.Module):
+    """A stage: its share of the layers, then the simulated compute and the count of activations held."""
+
+    def __init__(self, layers: nn.Module, forward_s: float = 0.0) -> None:
+        super().__init__()
+        self.layers, self.forward_s = layers, forward_s
+        self.meter = {"held": 0, "peak": 0}
+
+    def reset_meter(self) -> None:
+        self.meter.update(held=0, peak=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(x)
+        return SimulatedWork.apply(x, self.forward_s, self.meter) if self.forward_s else x
+
+
+def build_mlp(hidden: int, layers: int, seed: int = 0) -> nn.Sequential:
+    """The unsplit model: ``layers`` blocks of Linear + Tanh, the same weights on every rank (``seed``)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) for _ in range(layers)])
+
+
+def split(model: nn.Sequential, stages: int, stage: int) -> nn.Sequential:
+    """Stage ``stage``'s consecutive blocks of ``model`` (the same number for each stage)."""
+    if len(model) % stages:
+        raise ValueError(f"{len(model)} blocks do not split evenly into {stages} stages")
+    per = len(model) // stages
+    return model[stage * per:(stage + 1) * per]
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.mse_loss(output, target)
