@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""Tensor parallelism, Megatron-LM's split: by hand on an MLP, then with DTensor on transformer blocks.
+
+    torchrun --standalone --nproc-per-node=2 scripts/train_tp.py
+    torchrun --standalone --nproc-per-node=4 scripts/train_tp.py --hidden 256 --heads 8 --blocks 4
+
+1. The MLP split by hand (course_utils.tensor_parallel.ColumnRowMLP: fc1 by output features, fc2 by
+   input features, one all-reduce forward and one backward) against the unsplit MLP: outputs and
+   gradients.
+2. --blocks transformer blocks split by DTensor's parallelize_module (q, k, v, fc1 column-parallel;
+   o, fc2 row-parallel), twice: each column-parallel layer converting its own input, and the
+   attention's and MLP's input entering as one DTensor; the collectives each runs, counted with their
+   bytes, forward and backward, beside Megatron's 4 all-reduces per block and step.
+3. --steps SGD steps of the blocks under the second plan and of the unsplit blocks, the same batches:
+   the losses must agree.
+The last line is RESULT {json} (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from course_utils import dist as cdist
+from course_utils.devices import add_device_flag
+from course_utils.results import emit_result
+from course_utils.tensor_parallel import (
+    MLP,
+    CollectiveBytes,
+    ColumnRowMLP,
+    allreduce_theory,
+    build_blocks,
+    megatron_plan,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hidden", type=int, default=64, help="model width (default: 64)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads; a multiple of the ranks (default: 4)")
+    p.add_argument("--blocks", type=int, default=2, help="transformer blocks (default: 2)")
+    p.add_argument("--batch", type=int, default=4, help="sequences per batch (default: 4)")
+    p.add_argument("--seq", type=int, default=16, help="tokens per sequence (default: 16)")
+    p.add_argument("--steps", type=int, default=3, help="SGD steps compared with the unsplit blocks (default: 3)")
+    add_device_flag(p)
+    return p
+
+
+def biggest_gap(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.detach().float() - b.detach().float()).abs().max().item()
+
+
+def by_hand(hidden: int, rank: int, ranks: int, x: torch.Tensor) -> dict[str, float]:
+    """The column/row-split MLP against the whole one: output, input gradient, this rank's weight gradients."""
+    torch.manual_seed(1)
+    dense = MLP(hidden).to(x.device)
+    mine = ColumnRowMLP(dense, rank, ranks)
+    x_dense, x_mine = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_dense, out_mine = dense(x_dense), mine(x_mine)
+    out_dense.square().mean().backward()
+    out_mine.square().mean().backward()
+    inner = dense.fc1.out_features
+    cols = slice(rank * inner // ranks, (rank + 1) * inner // ranks)
+    return {"output": biggest_gap(out_dense, out_mine), "input_grad": biggest_gap(x_dense.grad, x_mine.grad),
+            "weight_grads": max(biggest_gap(dense.fc1.weight.grad[cols], mine.w1.grad),
+                                biggest_gap(dense.fc2.weight.grad[:, cols], mine.w2.grad))}
+
+
+def with_dtensor(args: argparse.Namespace, mesh, x: torch.Tensor, sum_input_grads: bool) -> dict[str, object]:
+    """The blocks under ``megatron_plan``: the collectives forward and backward, and the gaps to the unsplit blocks."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    dense = build_blocks(args.hidden, args.heads, args.blocks).to(x.device)
+    split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(x.device), mesh,
+                               megatron_plan(args.blocks, sum_input_grads))
+    x_dense, x_split = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_dense = dense(x_dense)
+    out_dense.square().mean().backward()
+    forward, backward = CollectiveBytes(), CollectiveBytes()
+    with forward:
+        out_split = split(x_split)
+    with backward:
+        out_split.square().mean().backward()
+    local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in split.parameters())
+    return {"forward": dict(forward.calls), "forward_bytes": dict(forward.bytes),
+            "backward": dict(backward.calls), "backward_bytes": dict(backward.bytes),
+            "output_gap": biggest_gap(out_dense, out_split), "input_grad_gap": biggest_gap(x_dense.grad, x_split.grad),
+            "params_this_rank": local, "params_whole": sum(p.numel() for p in dense.parameters())}
+
+
+def train_both(args: argparse.Namespace, mesh, device: torch.device) -> float:
+    """--steps SGD steps, split and unsplit, the same batches: the largest difference of the losses."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    dense = build_blocks(args.hidden, args.heads, args.blocks).to(device)
+    split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(device), mesh,
+                               megatron_plan(args.blocks))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (dense, split)]
+    worst = 0.0
+    for step in range(args.steps):
+        gen = torch.Generator().manual_seed(100 + step)  # every rank the same batch
+        x = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
+        y = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
+        losses = []
+        for model, opt in zip((dense, split), opts):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        worst = max(worst, abs(losses[0] - losses[1]))
+    return worst
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    with cdist.session(args.device) as (info, device):
+        cdist.require_processes(2, "train_tp.py", " (the layers are split over the ranks)")
+        ranks = info.world_size
+        if args.heads % ranks or (4 * args.hidden) % ranks:
+            cdist.print0(f"error: --heads {args.heads} and 4 x --hidden {4 * args.hidden} must divide by the "
+                         f"{ranks} ranks: each rank holds whole heads and an equal share of the MLP")
+            return 2
+        mesh = init_device_mesh(device.type, (ranks,), mesh_dim_names=("tp",))
+        gen = torch.Generator().manual_seed(0)  # every rank the same input: the whole batch, replicated
+        x = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
+        hand = by_hand(args.hidden, info.rank, ranks, x)
+        plans = {"each layer's own input": with_dtensor(args, mesh, x, False),
+                 "inputs as one DTensor": with_dtensor(args, mesh, x, True)}
+        loss_gap = train_both(args, mesh, device)
+        gaps = [None] * ranks
+        dist.all_gather_object(gaps, (hand, {k: (v["output_gap"], v["input_grad_gap"]) for k, v in plans.items()}, loss_gap))
+        theory = allreduce_theory(args.batch, args.seq, args.hidden, args.blocks, x.element_size())
+        for name, r in plans.items():
+            cdist.print0(f"DTensor, {name}: forward {r['forward']} {r['forward_bytes']} B, backward {r['backward']} "
+                         f"{r['backward_bytes']} B; {r['params_this_rank']:,} of {r['params_whole']:,} parameters here")
+        cdist.print0(f"Megatron's split: {theory['forward_calls']} all-reduces of {theory['forward_bytes']:,} B forward, "
+                     f"{theory['backward_calls']} of {theory['backward_bytes']:,} B backward")
+        if info.rank == 0:
+            worst_hand = {k: max(g[0][k] for g in gaps) for k in hand}
+            emit_result({"script": "train_tp.py", "ranks": ranks, "device": str(device), "by_hand": worst_hand,
+                         "dtensor": {name: {**r, "output_gap": max(g[1][name][0] for g in gaps),
+                                            "input_grad_gap": max(g[1][name][1] for g in gaps)}
+                                     for name, r in plans.items()},
+                         "theory": theory, "train_loss_gap": max(g[2] for g in gaps),
+                         "shape": {k: getattr(args, k) for k in ("hidden", "heads", "blocks", "batch", "seq")}})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
