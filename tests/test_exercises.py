@@ -189,3 +189,21 @@ def test_trials_at_once_checker(wrong):
     exercises.check_trials_at_once(solutions.trials_at_once, MEASURED_PACKING)
     with pytest.raises(WrongAnswer):
         exercises.check_trials_at_once(wrong, MEASURED_PACKING)
+
+
+# train_pipeline.py's timed steps on 4 stages (CPU, gloo, 20 ms of simulated compute per micro-batch)
+MEASURED_BUBBLE = [{"schedule": "gpipe", "microbatches": m, "bubble": b}
+                   for m, b in ((1, 0.761), (2, 0.616), (4, 0.455), (8, 0.308), (16, 0.200))]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda p, m: (p - 1) / m,            # the bubble against the useful work (Megatron-LM's form)
+    lambda p, m: 1 / m,                  # the stages forgotten
+    lambda p, m: (p - 1) / (m + p),      # one slot too many
+    lambda p, m: (p - 1) / p,            # naive model parallelism, whatever m
+    lambda p, m: 0.2,                    # one measured row, hard-coded
+])
+def test_bubble_fraction_checker(wrong):
+    exercises.check_bubble_fraction(solutions.bubble_fraction, MEASURED_BUBBLE, 4)
+    with pytest.raises(WrongAnswer):
+        exercises.check_bubble_fraction(wrong, MEASURED_BUBBLE, 4)

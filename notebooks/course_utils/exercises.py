@@ -281,8 +281,37 @@ def check_trials_at_once(at_once: Callable[[int, float, float, float, float], in
     passed("per node, the scarcer of CPUs and GPUs decides; a 0.4-GPU trial fits twice on a GPU, not 2.5 times")
 
 
+# --------------------------------------------------------------------------- #
+# 09: the pipeline's bubble
+# --------------------------------------------------------------------------- #
+BUBBLE_CASES = {(2, 1): 0.5, (8, 32): 7 / 39, (4, 12): 0.2, (16, 1): 15 / 16, (1, 8): 0.0}
+
+
+def check_bubble_fraction(bubble: Callable[[int, int], float], measured: Sequence[Mapping[str, Any]],
+                          stages: int) -> None:
+    """``bubble(stages, microbatches)``: the share of a pipeline step a stage waits. Judged against this
+    run's timed steps (within 0.08: sending between stages costs a little on top), then exactly against
+    layouts not run here."""
+    for row in measured:
+        got = bubble(stages, row["microbatches"])
+        if not (math.isfinite(got) and abs(got - row["bubble"]) <= 0.08):
+            hint = (" (p-1)/m is the bubble measured against the useful work, Megatron-LM's form; the share "
+                    "of the whole step divides by the step, (m+p-1) micro-batch times") if got > 1 or \
+                abs(got - (stages - 1) / row["microbatches"]) < 1e-9 else ""
+            raise WrongAnswer(f"{stages} stages, {row['microbatches']} micro-batches ({row['schedule']}): you say "
+                              f"{got:.3f}, this run measured {row['bubble']:.3f}.{hint}")
+    for (p, m), want in BUBBLE_CASES.items():
+        got = bubble(p, m)
+        if not _close(got, want, 1e-9):
+            raise WrongAnswer(f"close to this run's measurements, but {p} stages and {m} micro-batches: you say "
+                              f"{got:.4f}, the schedule idles {want:.4f} of the step (count the micro-batch slots "
+                              "of a step and the ones a stage works in)")
+    passed("a step lasts m+p-1 micro-batch slots and each stage works in m of them: (p-1)/(m+p-1), for GPipe "
+           "and 1F1B alike (1F1B saves memory, not time)")
+
+
 __all__ = [
-    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_lost_seconds", "check_optimizer_steps",
+    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_bubble_fraction", "check_lost_seconds", "check_optimizer_steps",
     "check_ring_bytes", "check_small_files_plan", "check_smallest_stage", "check_srun_request",
     "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
 ]

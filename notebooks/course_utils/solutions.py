@@ -57,3 +57,8 @@ def trials_at_once(nodes: int, node_cpus: float, node_gpus: float, trial_cpus: f
         per_gpu = 1 // trial_gpus if trial_gpus < 1 else 1  # a fraction stays on one GPU
         per_node = min(per_node, node_gpus // max(trial_gpus, 1) * per_gpu)
     return int(nodes * per_node)
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    # a step is m + p - 1 micro-batch slots long; each stage is busy in m of them
+    return (stages - 1) / (microbatches + stages - 1)
