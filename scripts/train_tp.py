@@ -3,6 +3,12 @@
 
     torchrun --standalone --nproc-per-node=2 scripts/train_tp.py
     torchrun --standalone --nproc-per-node=4 scripts/train_tp.py --hidden 256 --heads 8 --blocks 4
+    srun python scripts/train_tp.py --tp-size 2      # 2-D: tensor parallel in groups of 2, data parallel across
+
+With --tp-size T (default: every rank) the ranks form a 2-D mesh ("dp", "tp"), node-major: consecutive
+ranks (a node's GPUs under srun or torchrun) share the layers' matrices, and the groups are data
+parallel replicas, each training on its share of the batch (slurm/*/multi_node_2d.sbatch: T = the
+GPUs of a node).
 
 1. The MLP split by hand (course_utils.tensor_parallel.ColumnRowMLP: fc1 by output features, fc2 by
    input features, one all-reduce forward and one backward) against the unsplit MLP: outputs and
@@ -11,14 +17,16 @@
    o, fc2 row-parallel), twice: each column-parallel layer converting its own input, and the
    attention's and MLP's input entering as one DTensor; the collectives each runs, counted with their
    bytes, forward and backward, beside Megatron's 4 all-reduces per block and step.
-3. --steps SGD steps of the blocks under the second plan and of the unsplit blocks, the same batches:
-   the losses must agree.
+3. --steps SGD steps of the blocks under the second plan, each data-parallel group on its share of the
+   global batch (gradients averaged across the groups, as DDP does), and of the unsplit blocks on the
+   whole global batch: the losses must agree.
 The last line is RESULT {json} (rank 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 
 import torch
 import torch.distributed as dist
@@ -32,6 +40,7 @@ from course_utils.tensor_parallel import (
     CollectiveBytes,
     ColumnRowMLP,
     allreduce_theory,
+    average_over,
     build_blocks,
     megatron_plan,
 )
@@ -45,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4, help="sequences per batch (default: 4)")
     p.add_argument("--seq", type=int, default=16, help="tokens per sequence (default: 16)")
     p.add_argument("--steps", type=int, default=3, help="SGD steps compared with the unsplit blocks (default: 3)")
+    p.add_argument("--tp-size", type=int, default=None,
+                   help="ranks per tensor-parallel group; the groups are data parallel (default: all ranks)")
     add_device_flag(p)
     return p
 
@@ -53,11 +64,11 @@ def biggest_gap(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.detach().float() - b.detach().float()).abs().max().item()
 
 
-def by_hand(hidden: int, rank: int, ranks: int, x: torch.Tensor) -> dict[str, float]:
+def by_hand(hidden: int, rank: int, ranks: int, x: torch.Tensor, group) -> dict[str, float]:
     """The column/row-split MLP against the whole one: output, input gradient, this rank's weight gradients."""
     torch.manual_seed(1)
     dense = MLP(hidden).to(x.device)
-    mine = ColumnRowMLP(dense, rank, ranks)
+    mine = ColumnRowMLP(dense, rank, ranks, group)
     x_dense, x_mine = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_dense, out_mine = dense(x_dense), mine(x_mine)
     out_dense.square().mean().backward()
@@ -92,26 +103,34 @@ def with_dtensor(args: argparse.Namespace, mesh, x: torch.Tensor, sum_input_grad
 
 
 def train_both(args: argparse.Namespace, mesh, device: torch.device) -> float:
-    """--steps SGD steps, split and unsplit, the same batches: the largest difference of the losses."""
+    """--steps SGD steps of the 2-D layout (tensor parallel over mesh["tp"], each data-parallel group on
+    --batch sequences of the global batch) and of the unsplit blocks on the whole global batch: the
+    largest difference of the losses."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
     dense = build_blocks(args.hidden, args.heads, args.blocks).to(device)
-    split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(device), mesh,
+    split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(device), mesh["tp"],
                                megatron_plan(args.blocks))
-    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (dense, split)]
+    opt_dense, opt_split = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (dense, split))
     worst = 0.0
     for step in range(args.steps):
-        gen = torch.Generator().manual_seed(100 + step)  # every rank the same batch
-        x = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
-        y = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
-        losses = []
-        for model, opt in zip((dense, split), opts):
-            opt.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        worst = max(worst, abs(losses[0] - losses[1]))
+        gen = torch.Generator().manual_seed(100 + step)  # every rank draws the same global batch
+        x = torch.randn(dp * args.batch, args.seq, args.hidden, generator=gen).to(device)
+        y = torch.randn(dp * args.batch, args.seq, args.hidden, generator=gen).to(device)
+        opt_dense.zero_grad()
+        whole = torch.nn.functional.mse_loss(dense(x), y)
+        whole.backward()
+        opt_dense.step()
+        mine = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)  # this group's share
+        opt_split.zero_grad()
+        loss = torch.nn.functional.mse_loss(split(x[mine]), y[mine])
+        loss.backward()
+        average_over(mesh["dp"].get_group(), split, dp)  # DDP's all-reduce, across the groups
+        opt_split.step()
+        shared = loss.detach().clone()
+        dist.all_reduce(shared, group=mesh["dp"].get_group())  # the global batch's loss: the groups' mean
+        worst = max(worst, abs(whole.item() - shared.item() / dp))
     return worst
 
 
@@ -120,28 +139,36 @@ def main() -> int:
     with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "train_tp.py", " (the layers are split over the ranks)")
         ranks = info.world_size
-        if args.heads % ranks or (4 * args.hidden) % ranks:
-            cdist.print0(f"error: --heads {args.heads} and 4 x --hidden {4 * args.hidden} must divide by the "
-                         f"{ranks} ranks: each rank holds whole heads and an equal share of the MLP")
+        tp = args.tp_size or ranks
+        if ranks % tp or args.heads % tp or (4 * args.hidden) % tp:
+            cdist.print0(f"error: --tp-size {tp} must divide the {ranks} ranks, --heads {args.heads} and 4 x --hidden "
+                         f"{4 * args.hidden}: each rank holds whole heads and an equal share of the MLP")
             return 2
-        mesh = init_device_mesh(device.type, (ranks,), mesh_dim_names=("tp",))
+        # node-major: ranks d*tp .. d*tp+tp-1 (one node's GPUs) form tensor-parallel group d
+        mesh = init_device_mesh(device.type, (ranks // tp, tp), mesh_dim_names=("dp", "tp"))
         gen = torch.Generator().manual_seed(0)  # every rank the same input: the whole batch, replicated
         x = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
-        hand = by_hand(args.hidden, info.rank, ranks, x)
-        plans = {"each layer's own input": with_dtensor(args, mesh, x, False),
-                 "inputs as one DTensor": with_dtensor(args, mesh, x, True)}
+        hand = by_hand(args.hidden, mesh["tp"].get_local_rank(), tp, x, mesh["tp"].get_group())
+        plans = {"each layer's own input": with_dtensor(args, mesh["tp"], x, False),
+                 "inputs as one DTensor": with_dtensor(args, mesh["tp"], x, True)}
         loss_gap = train_both(args, mesh, device)
         gaps = [None] * ranks
-        dist.all_gather_object(gaps, (hand, {k: (v["output_gap"], v["input_grad_gap"]) for k, v in plans.items()}, loss_gap))
+        dist.all_gather_object(gaps, (hand, {k: (v["output_gap"], v["input_grad_gap"]) for k, v in plans.items()},
+                                      loss_gap, socket.gethostname()))
         theory = allreduce_theory(args.batch, args.seq, args.hidden, args.blocks, x.element_size())
         for name, r in plans.items():
             cdist.print0(f"DTensor, {name}: forward {r['forward']} {r['forward_bytes']} B, backward {r['backward']} "
                          f"{r['backward_bytes']} B; {r['params_this_rank']:,} of {r['params_whole']:,} parameters here")
         cdist.print0(f"Megatron's split: {theory['forward_calls']} all-reduces of {theory['forward_bytes']:,} B forward, "
                      f"{theory['backward_calls']} of {theory['backward_bytes']:,} B backward")
+        hosts, per_host = [g[3] for g in gaps], cdist.ranks_per_host()  # (a collective: every rank)
+        groups = [hosts[d * tp:(d + 1) * tp] for d in range(ranks // tp)]
+        cdist.print0(f"mesh: {ranks // tp} data-parallel group(s) of {tp} tensor-parallel ranks; hosts per group {groups}")
         if info.rank == 0:
             worst_hand = {k: max(g[0][k] for g in gaps) for k in hand}
-            emit_result({"script": "train_tp.py", "ranks": ranks, "device": str(device), "by_hand": worst_hand,
+            emit_result({"script": "train_tp.py", "ranks": ranks, "tp": tp, "dp": ranks // tp,
+                         "tp_groups_within_a_host": all(len(set(g)) == 1 for g in groups),
+                         "hosts": per_host, "device": str(device), "by_hand": worst_hand,
                          "dtensor": {name: {**r, "output_gap": max(g[1][name][0] for g in gaps),
                                             "input_grad_gap": max(g[1][name][1] for g in gaps)}
                                      for name, r in plans.items()},

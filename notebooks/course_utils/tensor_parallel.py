@@ -77,14 +77,15 @@ class CopyToParallel(torch.autograd.Function):
     the sum of every rank's part (each rank saw only its own columns): all-reduce."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: Any = None) -> torch.Tensor:
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone()
-        dist.all_reduce(grad)
-        return grad
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class ReduceFromParallel(torch.autograd.Function):
@@ -92,22 +93,24 @@ class ReduceFromParallel(torch.autograd.Function):
     part gets the whole gradient, as it is."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: Any = None) -> torch.Tensor:
         x = x.clone()
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
 class ColumnRowMLP(nn.Module):
     """This rank's share of ``dense`` (an :class:`MLP`): fc1's rows (output features) ``rank``/``ranks``,
-    fc2's matching columns (input features), fc2's bias once, after the sum."""
+    fc2's matching columns (input features), fc2's bias once, after the sum. ``group``: the
+    tensor-parallel ranks (default: all)."""
 
-    def __init__(self, dense: MLP, rank: int, ranks: int) -> None:
+    def __init__(self, dense: MLP, rank: int, ranks: int, group: Any = None) -> None:
         super().__init__()
+        self.group = group
         inner = dense.fc1.out_features
         if inner % ranks:
             raise ValueError(f"{inner} hidden units do not split evenly over {ranks} ranks")
@@ -118,9 +121,9 @@ class ColumnRowMLP(nn.Module):
         self.b2 = nn.Parameter(dense.fc2.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallel.apply(x)
+        x = CopyToParallel.apply(x, self.group)
         partial = F.linear(F.gelu(F.linear(x, self.w1, self.b1)), self.w2)  # this rank's part of the sum
-        return ReduceFromParallel.apply(partial) + self.b2
+        return ReduceFromParallel.apply(partial, self.group) + self.b2
 
 
 # --------------------------------------------------------------------------- #
@@ -146,6 +149,16 @@ def megatron_plan(blocks: int, sum_input_grads: bool = True) -> dict[str, Any]:
                                                          desired_input_layouts=(Replicate(),),
                                                          use_local_output=False)
     return plan
+
+
+def average_over(group: Any, model: nn.Module, ranks: int) -> None:
+    """Data parallelism by hand over ``group``: every gradient (a DTensor's local shard, or a whole tensor)
+    all-reduced and divided by the ``ranks`` that computed it, as DDP does."""
+    for param in model.parameters():
+        if param.grad is not None:
+            grad = param.grad.to_local() if hasattr(param.grad, "to_local") else param.grad
+            dist.all_reduce(grad, group=group)
+            grad /= ranks
 
 
 def allreduce_theory(batch: int, seq: int, hidden: int, blocks: int, element_bytes: int = 4) -> dict[str, int]:
