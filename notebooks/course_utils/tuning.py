@@ -501,7 +501,7 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
         if frame is None or frame.empty:
             rows.append({"trial": trial.trial_id, "config": config, "epochs": 0,
                          "val_loss": [], "val_acc": [], "best_val_loss": math.nan, "best_val_acc": math.nan,
-                         "status": status(trial.status, 0, max_epochs), "hosts": [], "reported": [], "lr": [], "at_epoch": [], "starts": 0,
+                         "status": status(trial.status, 0, max_epochs), "hosts": [], "reported": [], "lr": [], "at_epoch": [], "starts": 0, "checkpoint_epoch": None,
                          "failures": trial.num_failures,
                          "tag": trial.experiment_tag, "start": math.nan, "end": math.nan})
             continue
@@ -522,12 +522,25 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
             "failures": trial.num_failures,  # Tune's count: retried (FailureConfig) or errored
             # processes the trial ran in: 1, or more after a retry (FailureConfig) or a PBT exploit
             "starts": int(frame["started"].nunique()),
+            "checkpoint_epoch": _checkpoint_epoch(result),
             "tag": trial.experiment_tag,
             "workers": int(frame["workers"].iloc[-1]) if "workers" in frame else 1,
             "start": float(frame["started"].iloc[0]),
             "end": float(frame["now"].iloc[-1]),
         })
     return sorted(rows, key=lambda r: (math.isnan(r["best_val_loss"]), r["best_val_loss"]))
+
+
+def _checkpoint_epoch(result: Any) -> int | None:
+    """Epochs done in the last checkpoint Tune registered for the trial (where a restored search continues
+    it), or None: a DDP trial's checkpoints are Ray Train's, and a trial may have none yet."""
+    from .checkpoint import load_checkpoint
+
+    if result.checkpoint is None:
+        return None
+    with result.checkpoint.as_directory() as folder:
+        path = Path(folder) / "last.pt"
+        return load_checkpoint(path)["epoch"] if path.exists() else None
 
 
 def exploits(grid: Any) -> list[dict[str, Any]]:
