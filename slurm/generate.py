@@ -39,7 +39,7 @@ course_activate"""
 
 # Patterns written for one course script (its TRAIN_SCRIPT unless told otherwise). Lightning's and
 # DeepSpeed's launch line is multi_node_srun's; Ray's starts Ray on every node, then its script once.
-SCRIPT_OF_PATTERN = {"multi_node_lightning": "scripts/train_lightning.py",
+SCRIPT_OF_PATTERN = {"multi_node_2d": "scripts/train_tp.py", "multi_node_lightning": "scripts/train_lightning.py",
                      "multi_node_deepspeed": "scripts/train_deepspeed.py",
                      "multi_node_ray": "scripts/tune.py"}
 
@@ -65,7 +65,7 @@ def resources(site: dict, pattern: str) -> list[str]:
     nodes, tasks, cpus, node_gpus, node_mem = 1, 1, cores, gpus, mem
     if pattern.startswith("multi_node"):
         nodes = 2
-    if pattern in ("multi_node_srun", "multi_node_lightning", "multi_node_deepspeed"):
+    if pattern in ("multi_node_srun", "multi_node_lightning", "multi_node_deepspeed", "multi_node_2d"):
         tasks, cpus = gpus, cores // gpus  # a task per GPU, each with its share of the cores
     if pattern == "sweep_array" and not site["whole_nodes"]:
         cpus, node_gpus, node_mem = cores // gpus, 1, mem // gpus  # one GPU's share of a node per trial

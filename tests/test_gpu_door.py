@@ -281,6 +281,7 @@ AROUND_THE_DOOR = {"init_process_group", "set_device", "device_count", "is_avail
                    "node_device", "place_ranks", "get_device_capability"}
 COUNTS_GPUS_TO_LAUNCH = {"benchmark_ddp.py": {"device_count"}}  # starts torchrun runs, is never a rank itself
 USERS_OWN = "plain_ddp.py"  # the researcher's own script: no course_utils, but set_device before the group
+HOROVOD_OWN = "plain_horovod.py"  # the same script in Horovod (hvd.init, then set_device); not run here
 
 
 def _calls(path):
@@ -299,7 +300,7 @@ def test_every_script_gets_its_device_and_group_through_the_door():
 
     around = {}
     for path in sorted(SCRIPTS.glob("*.py")):
-        if path.name == USERS_OWN:
+        if path.name in (USERS_OWN, HOROVOD_OWN):
             continue
         allowed = COUNTS_GPUS_TO_LAUNCH.get(path.name, set())
         bad = [f"{name}() line {line}" for name, line in _calls(path) if name in AROUND_THE_DOOR - allowed]
@@ -318,3 +319,18 @@ def test_the_users_own_script_sets_its_gpu_before_its_group():
     assert "import course_utils" not in (SCRIPTS / USERS_OWN).read_text() and "from course_utils" not in \
         (SCRIPTS / USERS_OWN).read_text(), "it stays the user's: plain torch"
     assert calls["set_device"] < calls["init_process_group"], "torch.cuda.set_device before init_process_group"
+
+
+def test_the_horovod_script_is_valid_python_and_sets_its_gpu_before_using_it():
+    """plain_horovod.py is shown, not run (no Horovod builds against this torch): it must at least parse,
+    stay free of course_utils, and set its GPU from hvd.local_rank() before its first allocation."""
+    from course_utils.paths import SCRIPTS
+
+    path = SCRIPTS / HOROVOD_OWN
+    compile(path.read_text(), str(path), "exec")
+    text = path.read_text()
+    assert "course_utils" not in text
+    calls = {}
+    for name, line in _calls(path):
+        calls[name] = min(line, calls.get(name, line))
+    assert calls["init"] < calls["set_device"] < calls["Linear"], "hvd.init, then the GPU, then the model"

@@ -95,10 +95,11 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # plain script, and the sweep array; notebook 06 the Lightning pattern; the requeue test below Frontera's
 # requeue pattern (four tasks per node; notebook 05 requeues generic's, two tasks as on FT3); the Ray
 # test FT3's and Frontera's Ray patterns. What no notebook runs runs here: the plain script through the other generic
-# patterns, and DeepSpeed on two nodes.
+# patterns, DeepSpeed on two nodes, and the 2-D pattern (tensor parallel inside each node, data parallel across).
 RUN_HERE = {("generic", "one_node"): "plain", ("generic", "multi_node_torchrun"): "plain",
             ("generic", "sweep_array"): "plain", ("generic", "requeue"): "plain",
-            ("ft3", "multi_node_deepspeed"): "course"}
+            ("ft3", "multi_node_deepspeed"): "course", ("generic", "multi_node_2d"): "2d"}
+TINY_2D = "--hidden 32 --heads 2 --blocks 1 --batch 2 --seq 8 --steps 2"
 
 
 @needs_cluster
@@ -115,12 +116,14 @@ def test_every_script_s_request_is_accepted_by_the_cluster(cluster, script):
 def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun_script(cluster):
     """The plain DDP script knows nothing of course_utils (it reads RANK, LOCAL_RANK, ... as under
     torchrun): through generic's patterns it checks that any TRAIN_SCRIPT starts as a torchrun script
-    expects. The course's DeepSpeed script runs through FT3's DeepSpeed pattern."""
+    expects. The course's DeepSpeed script runs through FT3's DeepSpeed pattern, and train_tp.py through
+    the 2-D pattern: a tensor-parallel group per node, the nodes data parallel."""
     assert {(s.parent.name, s.stem) for s in SCRIPTS} >= set(RUN_HERE), "a pattern in RUN_HERE has no script"
     jobs = {}
     for (site, pattern), kind in RUN_HERE.items():
         script = REPO_ROOT / "slurm" / site / f"{pattern}.sbatch"
-        env = {**PLAIN, **ONE_THREAD} if kind == "plain" else {"TRAIN_ARGS": TINY, **ONE_THREAD}
+        args = TINY_2D if kind == "2d" else TINY
+        env = {**PLAIN, **ONE_THREAD} if kind == "plain" else {"TRAIN_ARGS": args, **ONE_THREAD}
         jobs[slurm.sbatch(script, env=env)] = (script, kind)
     records = slurm.wait(list(jobs), timeout_s=1200)
     for job_id, (script, kind) in jobs.items():
@@ -129,7 +132,13 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
         assert {(r["JobState"], r["ExitCode"]) for r in recs} == {("COMPLETED", "0:0")}, report
         world, nodes, per_log = expected(script)
         for log in (Path(r["StdOut"]) for r in recs):
-            if kind == "course":
+            if kind == "2d":  # train_tp.py, --tp-size from the node's GPUs: one tensor-parallel group per node
+                (r,) = results_in_log(log)
+                one = r["dtensor"]["inputs as one DTensor"]
+                assert (r["ranks"], r["tp"], r["dp"]) == (world, world // nodes, nodes) and len(r["hosts"]) == nodes, r
+                assert r["tp_groups_within_a_host"] and r["train_loss_gap"] <= 1e-5, r
+                assert one["backward_bytes"]["all_reduce"] == r["theory"]["backward_bytes"], r
+            elif kind == "course":
                 results = results_in_log(log)
                 assert len(results) == per_log, f"{script}: a RESULT line per trial, from rank 0 only\n{report}"
                 for r in results:

@@ -2,8 +2,8 @@
 # Sourced by every sbatch script in slurm/ (written by slurm/generate.py). What every job needs:
 #   course_activate    the environment hook (modules + conda where they exist, .venv otherwise)
 #   course_rendezvous  MASTER_ADDR = the job's first node, MASTER_PORT = a port free there now
-#   course_flags DIR   COURSE_ARGV: the course's own train.py flags (checkpoints and logs in DIR);
-#                      empty for any other TRAIN_SCRIPT
+#   course_flags DIR   COURSE_ARGV: the course's own scripts' flags (checkpoints and logs in DIR;
+#                      train_tp.py: --tp-size GPUS_PER_NODE); empty for any other TRAIN_SCRIPT
 #   course_run_requeueable  run training so that Slurm's warning signal checkpoints and requeues
 #   TRAIN_SCRIPT       what to run: the course's scripts/train.py unless set; TRAIN_ARGS its flags
 #   RUN_DIR            a folder per job under COURSE_RUNS, created here (exported: your script may use it)
@@ -73,6 +73,8 @@ course_flags() {
         COURSE_ARGV=(--ckpt-dir "$1/ckpt" --log-dir "$1/tb" --no-progress)
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_deepspeed.py" ]]; then
         COURSE_ARGV=(--ckpt-dir "$1/ckpt" --no-progress)   # ZeRO checkpoints; no TensorBoard in this script
+    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_tp.py" && -n "${GPUS_PER_NODE:-}" ]]; then
+        COURSE_ARGV=(--tp-size "$GPUS_PER_NODE")   # tensor parallel inside each node (multi_node_2d)
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/tune.py" ]]; then
         COURSE_ARGV=(--storage "$1/tune" --nodes "${SLURM_JOB_NUM_NODES:-1}")   # the search; every node joined
     fi
