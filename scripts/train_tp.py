@@ -19,7 +19,9 @@ GPUs of a node).
    bytes, forward and backward, beside Megatron's 4 all-reduces per block and step.
 3. --steps SGD steps of the blocks under the second plan, each data-parallel group on its share of the
    global batch (gradients averaged across the groups, as DDP does), and of the unsplit blocks on the
-   whole global batch: the losses must agree.
+   whole global batch: the losses must agree. With --ckpt-dir, training resumes from the sharded
+   checkpoint there (torch.distributed.checkpoint: every rank reads and writes its own shards) and
+   writes one after the last step.
 The last line is RESULT {json} (rank 0).
 """
 
@@ -54,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=4, help="sequences per batch (default: 4)")
     p.add_argument("--seq", type=int, default=16, help="tokens per sequence (default: 16)")
     p.add_argument("--steps", type=int, default=3, help="SGD steps compared with the unsplit blocks (default: 3)")
+    p.add_argument("--ckpt-dir", default=None,
+                   help="resume from the sharded checkpoint here, if any, and write one at the end (default: none)")
     p.add_argument("--tp-size", type=int, default=None,
                    help="ranks per tensor-parallel group; the groups are data parallel (default: all ranks)")
     add_device_flag(p)
@@ -102,36 +106,54 @@ def with_dtensor(args: argparse.Namespace, mesh, x: torch.Tensor, sum_input_grad
             "params_this_rank": local, "params_whole": sum(p.numel() for p in dense.parameters())}
 
 
-def train_both(args: argparse.Namespace, mesh, device: torch.device) -> float:
+def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[float, list[float], int | None]:
     """--steps SGD steps of the 2-D layout (tensor parallel over mesh["tp"], each data-parallel group on
-    --batch sequences of the global batch) and of the unsplit blocks on the whole global batch: the
-    largest difference of the losses."""
+    --batch sequences of the global batch) and of the unsplit blocks on the whole global batch. With
+    --ckpt-dir, both are resumed from the sharded checkpoint found there and saved at the end (every
+    rank writes its own shards: torch.distributed.checkpoint). Returns the largest difference of the two
+    losses, the global batch's loss of each step trained here, and the step resumed from."""
+    from torch import nn
     from torch.distributed.tensor.parallel import parallelize_module
+
+    from course_utils.sharding import latest_sharded, load_sharded, save_sharded
 
     dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
     dense = build_blocks(args.hidden, args.heads, args.blocks).to(device)
     split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(device), mesh["tp"],
                                megatron_plan(args.blocks))
-    opt_dense, opt_split = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (dense, split))
-    worst = 0.0
-    for step in range(args.steps):
+    both = nn.ModuleDict({"dense": dense, "split": split})  # one checkpoint, one optimizer for the two
+    opt = torch.optim.SGD(both.parameters(), lr=0.05, momentum=0.9)
+    shape = {k: getattr(args, k) for k in ("hidden", "heads", "blocks", "batch", "seq")}
+    start, resumed = 0, None
+    found = latest_sharded(args.ckpt_dir) if args.ckpt_dir else None
+    if found is not None:
+        progress = load_sharded(found, both, opt)  # each rank reads its shards, whatever wrote them
+        if progress["shape"] != shape:
+            raise SystemExit(f"error: {found} holds blocks of {progress['shape']}, this run builds {shape}: "
+                             "resume with the same shape, or point --ckpt-dir at a new folder")
+        start = resumed = progress["step"]
+        cdist.print0(f"resumed from {found} after step {start}")
+    worst, losses = 0.0, []
+    for step in range(start, args.steps):
         gen = torch.Generator().manual_seed(100 + step)  # every rank draws the same global batch
         x = torch.randn(dp * args.batch, args.seq, args.hidden, generator=gen).to(device)
         y = torch.randn(dp * args.batch, args.seq, args.hidden, generator=gen).to(device)
-        opt_dense.zero_grad()
+        opt.zero_grad()
         whole = torch.nn.functional.mse_loss(dense(x), y)
         whole.backward()
-        opt_dense.step()
         mine = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)  # this group's share
-        opt_split.zero_grad()
         loss = torch.nn.functional.mse_loss(split(x[mine]), y[mine])
         loss.backward()
         average_over(mesh["dp"].get_group(), split, dp)  # DDP's all-reduce, across the groups
-        opt_split.step()
+        opt.step()
         shared = loss.detach().clone()
         dist.all_reduce(shared, group=mesh["dp"].get_group())  # the global batch's loss: the groups' mean
-        worst = max(worst, abs(whole.item() - shared.item() / dp))
-    return worst
+        losses.append(shared.item() / dp)
+        worst = max(worst, abs(whole.item() - losses[-1]))
+    if args.ckpt_dir:
+        saved = save_sharded(args.ckpt_dir, both, opt, {"step": args.steps, "shape": shape})
+        cdist.print0(f"sharded checkpoint after step {args.steps}: {saved}")
+    return worst, losses, resumed
 
 
 def main() -> int:
@@ -151,7 +173,7 @@ def main() -> int:
         hand = by_hand(args.hidden, mesh["tp"].get_local_rank(), tp, x, mesh["tp"].get_group())
         plans = {"each layer's own input": with_dtensor(args, mesh["tp"], x, False),
                  "inputs as one DTensor": with_dtensor(args, mesh["tp"], x, True)}
-        loss_gap = train_both(args, mesh, device)
+        loss_gap, losses, resumed = train_both(args, mesh, device)
         gaps = [None] * ranks
         dist.all_gather_object(gaps, (hand, {k: (v["output_gap"], v["input_grad_gap"]) for k, v in plans.items()},
                                       loss_gap, socket.gethostname()))
@@ -172,7 +194,8 @@ def main() -> int:
                          "dtensor": {name: {**r, "output_gap": max(g[1][name][0] for g in gaps),
                                             "input_grad_gap": max(g[1][name][1] for g in gaps)}
                                      for name, r in plans.items()},
-                         "theory": theory, "train_loss_gap": max(g[2] for g in gaps),
+                         "theory": theory, "train_loss_gap": max(g[2] for g in gaps), "losses": losses,
+                         "resumed_from": resumed,
                          "shape": {k: getattr(args, k) for k in ("hidden", "heads", "blocks", "batch", "seq")}})
     return 0
 
