@@ -1,4 +1,5 @@
-"""Command line: ``python -m course_utils.data download cifar10 --root DIR`` (on a login node)."""
+"""Command line: ``python -m course_utils.data download cifar10 --root DIR`` (on a login node);
+``python -m course_utils.data shard synthetic --out DIR --per-shard 1000`` (tar shards, notebook 10)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,27 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("name", choices=("cifar10", "mnist"))
         p.add_argument("--root", type=Path, default=default_data_root(),
                        help="target folder (default: $COURSE_DATA or the repo's data/)")
+    p = sub.add_parser("shard", help="write a data set's training images as tar shards (notebook 10)")
+    p.add_argument("name", choices=("synthetic", "mnist-idx", "cifar10", "mnist"))
+    p.add_argument("--out", type=Path, required=True, help="folder for the shards and shards.json")
+    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard (default: 1000)")
+    p.add_argument("-n", type=int, default=None, help="only the first N images (synthetic: how many to draw)")
+    p.add_argument("--root", type=Path, default=default_data_root(),
+                   help="where the data set is (default: $COURSE_DATA or the repo's data/)")
     args = parser.parse_args(argv)
+    if args.command == "shard":
+        from .shards import raw_images, write_shards
+
+        try:
+            images, labels = raw_images(args.name, args.root, args.n)
+            manifest = write_shards(images, labels, args.out, args.per_shard)
+        except (DatasetMissingError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        size = sum(s["bytes"] for s in manifest["shards"])
+        print(f"{manifest['samples']} images of {args.name} in {len(manifest['shards'])} shard(s) of {args.per_shard}, "
+              f"{size / 2**20:.1f} MiB, in {args.out}")
+        return 0
     if args.command == "download":
         try:
             root = download(args.name, args.root)

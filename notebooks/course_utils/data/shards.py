@@ -1,0 +1,192 @@
+"""A data set as tar shards: many samples per file, each file read from start to end (notebook 10).
+
+A parallel file system serves a few large files far faster than many small ones (notebook 00
+measured it), and a quota may count files as well as bytes. A shard is a plain tar file of
+consecutive samples, each sample two members with the same key, ``{key}.png`` (the image, PNG:
+lossless, decoded by the reader) and ``{key}.cls`` (its label as text): the layout of the
+``webdataset`` package, which reads these shards too. ``shards.json`` beside them lists the shards.
+
+:class:`ShardDataset` reads them in a ``DataLoader``: the shard list, shuffled by (seed, epoch), is
+dealt out to every (rank, worker) pair, so each shard, and each sample, is read exactly once per
+epoch across all ranks and workers; a shuffle buffer mixes the samples of the shards a reader holds.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+MANIFEST = "shards.json"
+SHARD_NAME = "shard-{:06d}.tar"
+
+
+def raw_images(name: str, root: str | Path | None = None, n: int | None = None,
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A data set's training images as stored, ``uint8 [N, C, H, W]``, and labels: what shards hold
+    (the first ``n``; ``synthetic`` draws ``n``, default 20,000, with the training set's seed)."""
+    from .sources import DatasetMissingError, _missing_message, default_data_root, load_mnist_idx
+    from .synthetic import make_synthetic
+
+    if name == "synthetic":
+        return make_synthetic(n or 20_000, seed=seed * 2 + 1)  # get_datasets' training images
+    root = Path(root).expanduser() if root else default_data_root()
+    if name == "mnist-idx":
+        images, labels = load_mnist_idx(root)
+    elif name in ("cifar10", "mnist"):
+        from torchvision import datasets
+
+        cls = datasets.CIFAR10 if name == "cifar10" else datasets.MNIST
+        try:
+            ds = cls(str(root), train=True, download=False)
+        except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
+            raise DatasetMissingError(_missing_message(name, root)) from exc
+        data = torch.as_tensor(np.asarray(ds.data))
+        images = data.permute(0, 3, 1, 2) if data.dim() == 4 else data.unsqueeze(1)
+        labels = torch.as_tensor(ds.targets)
+    else:
+        raise ValueError(f"no raw images for {name!r}: synthetic, mnist-idx, cifar10 or mnist")
+    return images[:n].contiguous(), labels[:n]
+
+
+def _png(image: torch.Tensor) -> bytes:
+    from PIL import Image
+
+    array = image.numpy()
+    array = array[0] if array.shape[0] == 1 else array.transpose(1, 2, 0)  # [C, H, W] -> PIL's layout
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime = len(data), 0  # mtime 0: the same images write the same bytes
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, per_shard: int) -> dict:
+    """Write ``images`` (``uint8 [N, C, H, W]``) and ``labels`` as shards of ``per_shard`` samples in
+    ``out``, and the manifest last: a folder with a manifest holds every shard it lists. Each shard is
+    written under a temporary name and renamed when whole."""
+    if images.dtype != torch.uint8 or images.dim() != 4 or len(images) != len(labels):
+        raise ValueError("images must be uint8 [N, C, H, W], one label each")
+    if per_shard < 1:
+        raise ValueError("per_shard must be at least 1")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    shards = []
+    for number, start in enumerate(range(0, len(images), per_shard)):
+        name = SHARD_NAME.format(number)
+        partial = out / f".{name}.partial"
+        with tarfile.open(partial, "w") as tar:
+            for index in range(start, min(start + per_shard, len(images))):
+                key = f"{index:08d}"
+                _add(tar, f"{key}.png", _png(images[index]))
+                _add(tar, f"{key}.cls", str(int(labels[index])).encode())
+        os.replace(partial, out / name)
+        shards.append({"name": name, "samples": min(per_shard, len(images) - start),
+                       "bytes": (out / name).stat().st_size})
+    manifest = {"samples": len(images), "shape": list(images.shape[1:]), "format": "png", "shards": shards}
+    (out / f".{MANIFEST}.partial").write_text(json.dumps(manifest, indent=1))
+    os.replace(out / f".{MANIFEST}.partial", out / MANIFEST)
+    return manifest
+
+
+def read_manifest(folder: str | Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: write the shards first (python -m course_utils.data shard "
+                                f"... --out {folder})")
+    return json.loads(path.read_text())
+
+
+def read_shard(path: str | Path) -> Iterator[tuple[str, torch.Tensor, int]]:
+    """(key, ``uint8 [C, H, W]`` image, label) for each sample of one shard, in order."""
+    from PIL import Image
+
+    pending: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path, "r") as tar:  # read front to back: one open, one sequential stream
+        for member in tar:
+            key, _, kind = member.name.partition(".")
+            pending.setdefault(key, {})[kind] = tar.extractfile(member).read()
+            if {"png", "cls"} <= pending[key].keys():
+                sample = pending.pop(key)
+                array = np.asarray(Image.open(io.BytesIO(sample["png"])))
+                image = torch.from_numpy(array.copy())
+                image = image.unsqueeze(0) if image.dim() == 2 else image.permute(2, 0, 1)
+                yield key, image, int(sample["cls"])
+
+
+class ShardDataset(IterableDataset):
+    """The samples of the shards in ``folder``, each read once per epoch across every rank and worker.
+
+    ``rank``/``world`` default to the process group's (one process: 0 and 1). The shard list is
+    shuffled by (``seed``, epoch) the same way in every process (``set_epoch``, as for a
+    DistributedSampler), then dealt out to the ``world`` x ``workers`` readers. Their number must
+    divide the number of shards, so that every rank reads as many samples per epoch as the others (a
+    rank with fewer batches would leave the others waiting in DDP's all-reduce). ``buffer`` > 1 mixes
+    the samples of a reader's shards through a shuffle buffer of that size. Images come out as
+    float, normalised by ``mean``/``std``; with ``keys`` each sample also carries its key.
+    """
+
+    def __init__(self, folder: str | Path, mean: tuple[float, ...], std: tuple[float, ...], seed: int = 0,
+                 buffer: int = 0, rank: int | None = None, world: int | None = None, keys: bool = False) -> None:
+        super().__init__()
+        self.folder, self.manifest = Path(folder), read_manifest(folder)
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+        self.seed, self.buffer, self.keys, self.epoch = seed, buffer, keys, 0
+        if rank is None or world is None:
+            import torch.distributed as dist
+
+            initialized = dist.is_available() and dist.is_initialized()
+            rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
+        self.rank, self.world = rank, world
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def shards_for(self, worker: int, workers: int) -> list[str]:
+        """The shards reader (this rank, ``worker`` of ``workers``) reads this epoch."""
+        names = [s["name"] for s in self.manifest["shards"]]
+        readers = self.world * workers
+        if len(names) % readers:
+            raise ValueError(f"{len(names)} shards in {self.folder} cannot be dealt out evenly to {self.world} "
+                             f"rank(s) x {workers} worker(s): write a multiple of {readers} shards "
+                             "(python -m course_utils.data shard ... --per-shard), or change the workers")
+        if len({s["samples"] for s in self.manifest["shards"]}) > 1:
+            raise ValueError(f"the shards in {self.folder} differ in size, so the ranks would read different "
+                             "numbers of samples: write a number of samples that --per-shard divides")
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(names)  # the same order in every reader
+        return names[self.rank * workers + worker::readers]
+
+    def __iter__(self) -> Iterator:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        mix = random.Random(f"{self.seed}-{self.epoch}-{self.rank}-{worker}")
+        held: list = []
+        for name in self.shards_for(worker, workers):
+            for key, image, label in read_shard(self.folder / name):
+                sample = (key, (image.float().div_(255) - self.mean) / self.std, label)
+                if self.buffer <= 1:
+                    yield self._out(sample)
+                    continue
+                held.append(sample)
+                if len(held) >= self.buffer:  # emit a random one of the buffer, keep the rest
+                    yield self._out(held.pop(mix.randrange(len(held))))
+        mix.shuffle(held)
+        for sample in held:
+            yield self._out(sample)
+
+    def _out(self, sample: tuple) -> tuple:
+        key, image, label = sample
+        return (key, image, label) if self.keys else (image, label)
