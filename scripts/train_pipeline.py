@@ -11,20 +11,36 @@ for each schedule and number of micro-batches, one timed step in which every sta
 --compute-ms per micro-batch forward (twice that backward; course_utils.pipeline.SimulatedWork),
 so that the bubble is the schedule's: its measured share of the step beside (p-1)/(m+p-1), and the
 micro-batches whose activations each stage held at most. The last line is RESULT {json} (rank 0).
+
+With --train, the course's run instead, with the course's flags (course_utils.config), pipelined:
+
+    torchrun --standalone --nproc-per-node=2 scripts/train_pipeline.py --train --model mlp --epochs 3 \
+        --schedule 1f1b --microbatches 4 --ckpt-dir runs/pp
+
+The `mlp` model's units (stem, residual blocks, head) are dealt to one stage per rank
+(course_utils.pipeline.ModelStage); every rank reads the same batches (the first stage feeds the
+inputs, the last the labels) and steps the optimizer on its own stage's weights. The losses are
+train.py's in one process, to rounding. With --ckpt-dir each rank writes its stage's weights and
+optimizer state every epoch (torch.distributed.checkpoint, one checkpoint for the whole model) and a
+new run resumes from it.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from course_utils import dist as cdist
-from course_utils.devices import add_device_flag
+from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.pipeline import (
     SCHEDULES,
+    ModelStage,
     Stage,
     bubble_theory,
     build_mlp,
@@ -37,16 +53,27 @@ from course_utils.pipeline import (
 from course_utils.results import emit_result
 
 
+# what --train does not implement: it says so rather than train without it
+LEFT_OUT = {"grad_accum", "warmup_epochs", "precision", "tf32", "cudnn_benchmark", "channels_last", "compile",
+            "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
-    p.add_argument("--microbatches", nargs="+", type=int, default=[1, 2, 4, 8, 16],
-                   help="micro-batches per step to time (1F1B needs at least one per stage) (default: 1 2 4 8 16)")
-    p.add_argument("--compute-ms", type=float, default=20.0,
-                   help="simulated forward time per micro-batch and stage, in ms (backward: twice) (default: 20)")
-    p.add_argument("--hidden", type=int, default=64, help="width of the MLP (default: 64)")
-    p.add_argument("--steps", type=int, default=3, help="SGD steps compared with the unsplit model (default: 3)")
-    add_device_flag(p)
+    add_config_args(p)
+    pp = p.add_argument_group("pipeline")
+    pp.add_argument("--train", action="store_true",
+                    help="train the course's run pipelined (--model mlp) with --schedule and --microbatches")
+    pp.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="--train's schedule (default: 1f1b)")
+    pp.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
+                    help="the schedules to time (default: both)")
+    pp.add_argument("--microbatches", nargs="+", type=int, default=None,
+                    help="micro-batches per step to time (1F1B needs at least one per stage) (default: 1 2 4 8 16); "
+                         "with --train, micro-batches per batch (default: 4)")
+    pp.add_argument("--compute-ms", type=float, default=20.0,
+                    help="simulated forward time per micro-batch and stage, in ms (backward: twice) (default: 20)")
+    pp.add_argument("--hidden", type=int, default=64, help="width of the timed MLP (default: 64)")
+    pp.add_argument("--steps", type=int, default=3, help="SGD steps compared with the unsplit model (default: 3)")
     return p
 
 
@@ -114,8 +141,108 @@ def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden:
     return time.perf_counter() - start, module.meter["peak"]
 
 
+def gathered(obj: object) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def train(args: argparse.Namespace) -> int:
+    """The course's run (--model mlp), one stage per rank, through --schedule with --microbatches[0]."""
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage
+    from tqdm.auto import tqdm
+
+    from course_utils.checkpoint import ensure_writable_dir
+    from course_utils.data import get_datasets, make_loader, set_epoch
+    from course_utils.models import build_model
+    from course_utils.rng import rng_state_json, set_rng_state_json
+    from course_utils.sharding import latest_sharded, load_sharded, save_sharded, start_rank
+    from course_utils.trainer import config_lr, evaluate, make_optimizer
+
+    cfg = config_from_args(args)
+    m = args.microbatches[0] if args.microbatches else 4
+    if cfg.model != "mlp":
+        sys.exit("error: --train pipelines --model mlp (its stem, residual blocks and head are dealt to the stages)")
+    if cfg.batch_size % m:
+        sys.exit(f"error: --batch-size {cfg.batch_size} does not split into {m} equal micro-batches")
+    info, device, _ = start_rank(cfg, "train_pipeline.py --train", LEFT_OUT)  # the course's door
+    cdist.require_processes(2, "train_pipeline.py --train", " (one pipeline stage per rank)")
+    stage, stages = info.rank, info.world_size
+    if m < min_microbatches(args.schedule, stages):
+        sys.exit(f"error: {args.schedule} needs at least {min_microbatches(args.schedule, stages)} micro-batches "
+                 f"for {stages} stages: --microbatches {min_microbatches(args.schedule, stages)}")
+    # everything as train.py draws it, so the run is train.py's, pipelined
+    torch.manual_seed(cfg.seed)
+    train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
+    pin = cfg.pin_memory and device.type == "cuda"
+    loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers, pin_memory=pin,
+                         persistent_workers=cfg.workers > 0, drop_last=True, seed=cfg.seed, replicas=1)
+    val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
+    mine = ModelStage(build_model(cfg.model, meta.channels, meta.num_classes), stages, stage).to(device)
+    optimizer = make_optimizer(mine, cfg, config_lr(cfg, 1))  # one model replica: the batch is the global batch
+    pipe = schedule_class(args.schedule)(PipelineStage(mine, stage, stages, device), n_microbatches=m,
+                                         loss_fn=nn.functional.cross_entropy)
+    units = gathered(mine.units)
+    cdist.print0(f"{stages} stages, {args.schedule}, {m} micro-batches of {cfg.batch_size // m}; units per stage: "
+                 + "; ".join(f"{r}: {' '.join(u)}" for r, u in enumerate(units)))
+
+    losses, step, first_epoch, resumed_from = [], 0, 0, None
+    ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
+    saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
+    if saved:
+        progress = load_sharded(saved, mine, optimizer)  # each rank reads its stage's weights and state
+        mismatch = resume_mismatch(progress["config"], cfg)
+        if progress["stages"] != stages:
+            mismatch.append(f"{progress['stages']} stages -> {stages}")
+        if mismatch:
+            sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+        first_epoch, step, losses, resumed_from = progress["epoch"], progress["step"], progress["losses"], str(saved)
+        set_rng_state_json(progress["rng"])  # augmentation draws from it: the next epoch sees the same images
+        cdist.print0(f"resumed from {saved} after epoch {first_epoch} (step {step})")
+    for epoch in range(first_epoch, cfg.epochs):
+        set_epoch(loader, epoch)  # the epoch's order, the same on every rank: the stages see the same batches
+        mine.train()
+        total, count = 0.0, 0
+        n = min(len(loader), cfg.steps_per_epoch or len(loader))
+        bar = tqdm(loader, total=n, desc=f"epoch {epoch}", leave=False, disable=not (cfg.progress and stage == 0))
+        for i, (x, y) in enumerate(bar):
+            if i == n:
+                break
+            optimizer.zero_grad(set_to_none=True)
+            out = one_step(pipe, stage, stages, x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+            optimizer.step()  # this stage's weights only
+            step += 1
+            if out:  # the last stage: the batch's loss is the mean of its micro-batches'
+                total, count = total + torch.stack(out).mean().item(), count + 1
+        bar.close()
+        mean = torch.tensor([total / max(count, 1)], device=device)
+        dist.broadcast(mean, src=stages - 1)  # the loss is known on the last stage
+        losses.append(mean.item())
+        cdist.print0(f"epoch {epoch}: train loss {losses[-1]:.4f}")
+        if ckpt:
+            save_sharded(ckpt, mine, optimizer, {"epoch": epoch + 1, "step": step, "losses": losses,
+                                                 "stages": stages, "config": asdict(cfg),
+                                                 "rng": rng_state_json()})
+    # the whole model on every rank, from the stages' weights, to evaluate as every trainer does
+    whole = build_model(cfg.model, meta.channels, meta.num_classes)
+    parts = gathered({k: v.detach().cpu() for k, v in mine.state_dict().items()})
+    whole.load_state_dict({k: v for part in parts for k, v in part.items()})
+    val_loss, val_acc = evaluate(whole.to(device), val_loader, device)
+    if stage == 0:
+        emit_result({"trainer": "train_pipeline.py", "stages": stages, "schedule": args.schedule, "microbatches": m,
+                     "device": str(device), "units": units, "epochs": cfg.epochs,
+                     "global_step": step, "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
+                     "resumed_from": resumed_from})
+    cdist.cleanup()
+    return 0
+
+
 def main() -> int:
     args = build_parser().parse_args()
+    if args.train:
+        return train(args)
     with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "train_pipeline.py", " (one pipeline stage per rank)")
         stage, stages = info.rank, info.world_size
@@ -123,7 +250,7 @@ def main() -> int:
                   for name in args.schedules}
         rows = []
         for name in args.schedules:
-            for m in sorted(args.microbatches):
+            for m in sorted(args.microbatches or [1, 2, 4, 8, 16]):
                 if m < min_microbatches(name, stages):
                     continue
                 seconds, held = time_schedule(name, m, stage, stages, args.hidden, args.compute_ms / 1000, device)

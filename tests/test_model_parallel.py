@@ -2,6 +2,8 @@
 pipeline, tensor-parallel, 2-D and RPC scripts and checks what they teach; the test Slurm cluster runs
 the 2-D pattern (tests/test_slurm.py). What no notebook shows: stopping a tensor-parallel run and resuming it."""
 
+import pytest
+
 from course_utils.launch import run_script
 from course_utils.results import parse_result
 
@@ -26,3 +28,36 @@ def test_a_tensor_parallel_run_resumed_from_its_sharded_checkpoint_ends_where_an
     assert first["resumed_from"] is None and second["resumed_from"] == 2
     assert first["losses"] + second["losses"] == straight["losses"], (first, second, straight)
     assert second["train_loss_gap"] <= 1e-5, "the unsplit blocks, checkpointed beside, still agree"
+
+
+PIPELINE_RUN = ["--model", "mlp", "--n-train", "512", "--n-val", "256", "--batch-size", "64", "--workers", "0",
+                "--device", "cpu", "--no-progress"]
+
+
+def test_the_pipelined_run_is_train_py_s_run_and_resumes_from_its_sharded_checkpoint(tmp_path):
+    """train_pipeline.py --train: the course's mlp dealt to 2 stages, 4 micro-batches per batch through
+    1F1B. Epoch 1 is trained, checkpointed (each rank its stage: torch.distributed.checkpoint), and
+    resumed for epoch 2; the two epochs' losses and the final validation are those of train.py in one
+    process, and the checkpoint is the whole model's, loadable without any pipeline."""
+    import torch
+
+    from course_utils.models import build_model
+    from course_utils.sharding import consolidate_sharded
+
+    single = parse_result(run_script("train.py", [*PIPELINE_RUN, "--epochs", "2"], nproc=1, env=ONE_THREAD,
+                                     timeout_s=180, echo=False).output)
+
+    def pipelined(epochs):
+        return parse_result(run_script("train_pipeline.py", ["--train", *PIPELINE_RUN, "--epochs", str(epochs),
+                                                             "--ckpt-dir", str(tmp_path)],
+                                       nproc=2, env=ONE_THREAD, timeout_s=180, echo=False).output)
+
+    first, second = pipelined(1), pipelined(2)
+    assert first["resumed_from"] is None and second["resumed_from"] == str(tmp_path / "step-8")
+    assert first["units"] == [["stem", "blocks.0"], ["blocks.1", "blocks.2", "head"]]
+    assert second["train_loss"][:1] == first["train_loss"]
+    assert second["train_loss"] == pytest.approx(single["train_loss"], rel=1e-5), (second, single)
+    assert second["val_loss"] == pytest.approx(single["val_loss"], rel=1e-5)
+    whole = consolidate_sharded(tmp_path / "step-16", tmp_path / "whole.pt")
+    build_model("mlp", 3, 10).load_state_dict(whole, strict=True)  # every parameter, under the model's own names
+    assert all(torch.isfinite(t).all() for t in whole.values())

@@ -97,5 +97,33 @@ def split(model: nn.Sequential, stages: int, stage: int) -> nn.Sequential:
     return model[stage * per:(stage + 1) * per]
 
 
+class ModelStage(nn.Module):
+    """Stage ``stage`` of ``stages`` of the course's ``mlp`` model (``models.MLP``): its units (the stem,
+    each residual block, the head) dealt in order, as evenly as they go. The stage keeps the whole
+    model's parameter names ("stem.2.weight", "blocks.1.0.weight", "head.bias"), so that the stages'
+    state dicts together are the model's: one sharded checkpoint, which ``consolidate_sharded`` turns
+    into a plain state dict for the unsplit model."""
+
+    def __init__(self, model: nn.Module, stages: int, stage: int) -> None:
+        super().__init__()
+        units = ["stem", *(f"blocks.{i}" for i in range(len(model.blocks))), "head"]
+        if not 0 <= stage < stages <= len(units):
+            raise ValueError(f"the model has {len(units)} units (stem, {len(model.blocks)} blocks, head): "
+                             f"at most {len(units)} stages, not {stages}")
+        bounds = [round(k * len(units) / stages) for k in range(stages + 1)]
+        self.units = units[bounds[stage]:bounds[stage + 1]]
+        self.stem = model.stem if "stem" in self.units else None
+        self.blocks = nn.ModuleDict({u.split(".")[1]: model.blocks[int(u.split(".")[1])]
+                                     for u in self.units if u.startswith("blocks.")})
+        self.head = model.head if "head" in self.units else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stem is not None:
+            x = self.stem(x)
+        for block in self.blocks.values():
+            x = x + block(x)  # the residual connection of models.MLP
+        return self.head(x) if self.head is not None else x
+
+
 def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(output, target)

@@ -30,3 +30,27 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def rng_state_json() -> dict[str, Any]:
+    """:func:`rng_state` as plain lists and numbers, for a checkpoint whose progress is JSON
+    (``sharding.save_sharded``)."""
+    state = rng_state()
+    version, internal, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    out = {"torch": state["torch"].tolist(), "python": [version, list(internal), gauss],
+           "numpy": [name, keys.tolist(), pos, has_gauss, cached]}
+    if "cuda" in state:
+        out["cuda"] = state["cuda"].tolist()
+    return out
+
+
+def set_rng_state_json(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state_json` saved."""
+    version, internal, gauss = state["python"]
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    restored = {"torch": torch.tensor(state["torch"], dtype=torch.uint8), "python": (version, tuple(internal), gauss),
+                "numpy": (name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached)}
+    if "cuda" in state:
+        restored["cuda"] = torch.tensor(state["cuda"], dtype=torch.uint8)
+    set_rng_state(restored)

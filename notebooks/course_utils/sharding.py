@@ -304,6 +304,15 @@ def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
             "optimizer": _nbytes(state), "optimizer_device": ",".join(sorted({t.device.type for t in state}))}
 
 
+def _flat_options() -> Any:
+    """The optimizer's state and settings keyed by parameter name ("param_groups.blocks.1.0.weight.lr"), not
+    as one list of groups: pipeline stages hold different parameters, and DCP keeps one rank's copy of
+    an item every rank saves under the same key (torchtitan saves the same way)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  progress: dict[str, Any]) -> Path:
     """A sharded checkpoint with ``torch.distributed.checkpoint``: every rank writes its own shards of the
@@ -321,7 +330,7 @@ def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.op
     shared = [progress]
     dist.broadcast_object_list(shared, src=0)  # one progress for all: DCP keeps one rank's copy of such items
     progress = shared[0]
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
     target = folder / f"step-{progress['step']}"
     dcp.save({"model": model_state, "optim": optim_state, "progress": json.dumps(progress)}, checkpoint_id=target)
     dist.barrier()  # every shard written
@@ -350,10 +359,11 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.opti
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
     state = {"model": model_state, "optim": optim_state, "progress": ""}
     dcp.load(state, checkpoint_id=Path(path))  # in place, into this rank's shards
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_flat_options())
     return json.loads(state["progress"])
 
 

@@ -20,6 +20,7 @@ def make_loader(
     prefetch_factor: int | None = None,
     drop_last: bool = False,
     seed: int = 0,
+    replicas: int | None = None,
 ) -> DataLoader:
     """A DataLoader that is right under any launcher.
 
@@ -27,13 +28,15 @@ def make_loader(
     ranks: each rank sees a disjoint 1/world-size slice, and the order of
     epoch ``e`` depends only on ``(seed, e)`` -- call :func:`set_epoch` every
     epoch -- so a job resumed from a checkpoint sees exactly the batches the
-    uninterrupted job would have. ``batch_size`` is per rank.
+    uninterrupted job would have. ``batch_size`` is per rank. ``replicas``: how many model replicas
+    share the data (default: every rank is one; 1 for the stages of one pipeline, which all read
+    every batch).
     """
     sampler = None
-    world = cdist.get_world_size()
+    world = cdist.get_world_size() if replicas is None else replicas
     if shuffle or world > 1:
         sampler = ResumableSampler(
-            dataset, num_replicas=world, rank=cdist.get_rank(), shuffle=shuffle, seed=seed,
+            dataset, num_replicas=world, rank=cdist.get_rank() % world, shuffle=shuffle, seed=seed,
             drop_last=drop_last,
         )
     kwargs: dict = {}
