@@ -44,6 +44,27 @@ def test_every_sample_is_read_once_per_epoch_across_two_ranks_and_two_workers(sh
     assert set(seen[0]) != set(seen[1]), "a new epoch deals other shards to rank 0"
 
 
+def test_a_resumed_epoch_goes_on_where_it_stopped_and_decodes_no_sample_twice(shards):
+    """Stopped after 5 batches of 8 (2 ranks, 2 real workers each, a shuffle buffer of 16), the epoch
+    resumed from there yields exactly the batches the uninterrupted epoch had left, in their order;
+    read in one process, it decodes only the samples it yields."""
+    folder, _, _ = shards
+
+    def batches(rank, workers, skip=0):
+        ds = ShardDataset(folder, *STATS, rank=rank, world=2, keys=True, buffer=16)
+        ds.set_epoch(1, skip_batches=skip, batch_size=8)
+        return [list(keys) for keys, _, _ in DataLoader(ds, batch_size=8, num_workers=workers)], ds
+
+    for rank in (0, 1):
+        whole, _ = batches(rank, workers=2)
+        resumed, _ = batches(rank, workers=2, skip=5)
+        assert resumed == whole[5:] and len(whole) == 16, (rank, len(whole))
+    whole, _ = batches(0, workers=0)
+    tail, ds = batches(0, workers=0, skip=5)
+    assert tail == whole[5:]
+    assert ds.decoded == sum(len(b) for b in tail) == 120 - 40, "nothing trained before the stop is decoded again"
+
+
 def test_samples_come_back_as_written(shards):
     folder, images, labels = shards
     manifest = read_manifest(folder)
@@ -65,9 +86,10 @@ def test_a_layout_that_cannot_be_dealt_out_evenly_says_how_to_fix_it(shards, tmp
 def test_the_command_line_writes_shards_and_a_missing_data_set_is_one_line(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "course_utils.data", "shard", *a],  # noqa: E731
                                     capture_output=True, text=True, cwd=REPO_ROOT)
-    ok = run("synthetic", "-n", "100", "--per-shard", "25", "--out", str(tmp_path / "s"))
-    assert ok.returncode == 0 and "100 images of synthetic in 4 shard(s)" in ok.stdout, ok.stderr
-    assert [s["samples"] for s in read_manifest(tmp_path / "s")["shards"]] == [25] * 4
+    ok = run("synthetic", "-n", "100", "--n-val", "50", "--per-shard", "25", "--out", str(tmp_path / "s"))
+    assert ok.returncode == 0 and "train: 100 images of synthetic in 4 shard(s)" in ok.stdout, ok.stderr
+    assert [s["samples"] for s in read_manifest(tmp_path / "s" / "train")["shards"]] == [25] * 4
+    assert [s["samples"] for s in read_manifest(tmp_path / "s" / "val")["shards"]] == [25] * 2
     missing = run("cifar10", "--root", str(tmp_path / "nothing"), "--out", str(tmp_path / "c"))
     assert missing.returncode == 1 and "python -m course_utils.data download cifar10" in missing.stderr
     assert "Traceback" not in missing.stderr

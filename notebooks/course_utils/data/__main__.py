@@ -21,26 +21,31 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("name", choices=("cifar10", "mnist"))
         p.add_argument("--root", type=Path, default=default_data_root(),
                        help="target folder (default: $COURSE_DATA or the repo's data/)")
-    p = sub.add_parser("shard", help="write a data set's training images as tar shards (notebook 10)")
+    p = sub.add_parser("shard", help="write a data set as tar shards, OUT/train and OUT/val (notebook 10; "
+                                     "train.py --dataset shards --data-root OUT)")
     p.add_argument("name", choices=("synthetic", "mnist-idx", "cifar10", "mnist"))
-    p.add_argument("--out", type=Path, required=True, help="folder for the shards and shards.json")
+    p.add_argument("--out", type=Path, required=True, help="folder for train/ and val/, each with shards.json")
     p.add_argument("--per-shard", type=int, default=1000, help="samples per shard (default: 1000)")
-    p.add_argument("-n", type=int, default=None, help="only the first N images (synthetic: how many to draw)")
+    p.add_argument("-n", type=int, default=None, help="only the first N training images (synthetic: how many to draw)")
+    p.add_argument("--n-val", type=int, default=None, help="only the first N validation images (mnist-idx has none)")
     p.add_argument("--root", type=Path, default=default_data_root(),
                    help="where the data set is (default: $COURSE_DATA or the repo's data/)")
     args = parser.parse_args(argv)
     if args.command == "shard":
         from .shards import raw_images, write_shards
 
-        try:
-            images, labels = raw_images(args.name, args.root, args.n)
-            manifest = write_shards(images, labels, args.out, args.per_shard)
-        except (DatasetMissingError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        size = sum(s["bytes"] for s in manifest["shards"])
-        print(f"{manifest['samples']} images of {args.name} in {len(manifest['shards'])} shard(s) of {args.per_shard}, "
-              f"{size / 2**20:.1f} MiB, in {args.out}")
+        splits = ("train",) if args.name == "mnist-idx" else ("train", "val")
+        for split in splits:
+            try:
+                images, labels = raw_images(args.name, args.root, args.n if split == "train" else args.n_val,
+                                            split=split)
+                manifest = write_shards(images, labels, args.out / split, args.per_shard, source=args.name)
+            except (DatasetMissingError, ValueError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+            size = sum(s["bytes"] for s in manifest["shards"])
+            print(f"{split}: {manifest['samples']} images of {args.name} in {len(manifest['shards'])} shard(s) of "
+                  f"{args.per_shard}, {size / 2**20:.1f} MiB, in {args.out / split}")
         return 0
     if args.command == "download":
         try:

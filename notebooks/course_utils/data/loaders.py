@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from .. import dist as cdist
 
@@ -34,7 +34,10 @@ def make_loader(
     """
     sampler = None
     world = cdist.get_world_size() if replicas is None else replicas
-    if shuffle or world > 1:
+    streamed = isinstance(dataset, IterableDataset)  # shards: the dataset deals itself out (set_epoch)
+    if streamed:
+        persistent_workers = False  # each worker's copy of the dataset must see every set_epoch
+    elif shuffle or world > 1:
         sampler = ResumableSampler(
             dataset, num_replicas=world, rank=cdist.get_rank() % world, shuffle=shuffle, seed=seed,
             drop_last=drop_last,
@@ -86,5 +89,8 @@ def set_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> bool:
         loader.generator.manual_seed(seed * 100_003 + epoch)
     if isinstance(loader.sampler, ResumableSampler):
         loader.sampler.skip = skip_batches * (loader.batch_size or 1)
+        return True
+    if isinstance(loader.dataset, IterableDataset) and hasattr(loader.dataset, "set_epoch"):
+        loader.dataset.set_epoch(epoch, skip_batches, loader.batch_size or 1)  # shards.ShardDataset
         return True
     return skip_batches == 0

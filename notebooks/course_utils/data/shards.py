@@ -18,7 +18,7 @@ import json
 import os
 import random
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,23 +30,28 @@ SHARD_NAME = "shard-{:06d}.tar"
 
 
 def raw_images(name: str, root: str | Path | None = None, n: int | None = None,
-               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A data set's training images as stored, ``uint8 [N, C, H, W]``, and labels: what shards hold
-    (the first ``n``; ``synthetic`` draws ``n``, default 20,000, with the training set's seed)."""
+               seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """A data set's images as stored, ``uint8 [N, C, H, W]``, and labels: what shards hold (the first
+    ``n``). ``split``: ``train`` or ``val`` (``get_datasets``' validation images: the test split;
+    ``synthetic`` draws ``n``, default 20,000 / 4,000, with the seeds ``get_datasets`` uses)."""
     from .sources import DatasetMissingError, _missing_message, default_data_root, load_mnist_idx
     from .synthetic import make_synthetic
 
+    if split not in ("train", "val"):
+        raise ValueError(f"split is train or val, not {split!r}")
     if name == "synthetic":
-        return make_synthetic(n or 20_000, seed=seed * 2 + 1)  # get_datasets' training images
+        return make_synthetic(n or (20_000 if split == "train" else 4_000), seed=seed * 2 + (1 if split == "train" else 2))
     root = Path(root).expanduser() if root else default_data_root()
     if name == "mnist-idx":
+        if split == "val":
+            raise ValueError("mnist-idx is one set of images (MNIST's test set): it has no validation split to shard")
         images, labels = load_mnist_idx(root)
     elif name in ("cifar10", "mnist"):
         from torchvision import datasets
 
         cls = datasets.CIFAR10 if name == "cifar10" else datasets.MNIST
         try:
-            ds = cls(str(root), train=True, download=False)
+            ds = cls(str(root), train=split == "train", download=False)
         except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
             raise DatasetMissingError(_missing_message(name, root)) from exc
         data = torch.as_tensor(np.asarray(ds.data))
@@ -73,7 +78,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, per_shard: int) -> dict:
+def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, per_shard: int,
+                 source: str = "synthetic") -> dict:
     """Write ``images`` (``uint8 [N, C, H, W]``) and ``labels`` as shards of ``per_shard`` samples in
     ``out``, and the manifest last: a folder with a manifest holds every shard it lists. Each shard is
     written under a temporary name and renamed when whole."""
@@ -95,7 +101,8 @@ def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, pe
         os.replace(partial, out / name)
         shards.append({"name": name, "samples": min(per_shard, len(images) - start),
                        "bytes": (out / name).stat().st_size})
-    manifest = {"samples": len(images), "shape": list(images.shape[1:]), "format": "png", "shards": shards}
+    manifest = {"samples": len(images), "shape": list(images.shape[1:]), "format": "png", "source": source,
+                "shards": shards}
     (out / f".{MANIFEST}.partial").write_text(json.dumps(manifest, indent=1))
     os.replace(out / f".{MANIFEST}.partial", out / MANIFEST)
     return manifest
@@ -111,19 +118,52 @@ def read_manifest(folder: str | Path) -> dict:
 
 def read_shard(path: str | Path) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(key, ``uint8 [C, H, W]`` image, label) for each sample of one shard, in order."""
+    for _, key, image, label in _read_kept(path):
+        yield key, image, label
+
+
+def _read_kept(path: str | Path, keep: Callable[[int], bool] | None = None) -> Iterator[tuple[int, str, torch.Tensor, int]]:
+    """(position in the shard, key, image, label) of the samples ``keep`` accepts; the others are
+    passed over without being decoded."""
     from PIL import Image
 
     pending: dict[str, dict[str, bytes]] = {}
+    position = 0
     with tarfile.open(path, "r") as tar:  # read front to back: one open, one sequential stream
         for member in tar:
             key, _, kind = member.name.partition(".")
             pending.setdefault(key, {})[kind] = tar.extractfile(member).read()
             if {"png", "cls"} <= pending[key].keys():
                 sample = pending.pop(key)
-                array = np.asarray(Image.open(io.BytesIO(sample["png"])))
-                image = torch.from_numpy(array.copy())
-                image = image.unsqueeze(0) if image.dim() == 2 else image.permute(2, 0, 1)
-                yield key, image, int(sample["cls"])
+                if keep is None or keep(position):
+                    array = np.asarray(Image.open(io.BytesIO(sample["png"])))
+                    image = torch.from_numpy(array.copy())
+                    image = image.unsqueeze(0) if image.dim() == 2 else image.permute(2, 0, 1)
+                    yield position, key, image, int(sample["cls"])
+                position += 1
+
+
+def emission_order(n: int, buffer: int, rng: random.Random) -> list[int]:
+    """The order in which a shuffle buffer of ``buffer`` samples emits the positions 0..n-1 of the
+    stream it reads: each new sample goes in, and once the buffer is full a random one comes out; the
+    rest, shuffled, at the end. It depends on the counts alone, not on the samples, so a reader can
+    plan it before it reads anything, and a resumed epoch can start part-way through it."""
+    if buffer <= 1:
+        return list(range(n))
+    held: list[int] = []
+    out: list[int] = []
+    for position in range(n):
+        held.append(position)
+        if len(held) >= buffer:
+            out.append(held.pop(rng.randrange(len(held))))
+    rng.shuffle(held)
+    return out + held
+
+
+def batches_of_worker(batches: int, worker: int, workers: int) -> int:
+    """How many of the first ``batches`` batches of an epoch came from ``worker`` of ``workers``: a
+    DataLoader takes its batches from its workers in turn (batch i from worker i mod workers)."""
+    return max(0, -(-(batches - worker) // workers))
 
 
 class ShardDataset(IterableDataset):
@@ -134,8 +174,10 @@ class ShardDataset(IterableDataset):
     DistributedSampler), then dealt out to the ``world`` x ``workers`` readers. Their number must
     divide the number of shards, so that every rank reads as many samples per epoch as the others (a
     rank with fewer batches would leave the others waiting in DDP's all-reduce). ``buffer`` > 1 mixes
-    the samples of a reader's shards through a shuffle buffer of that size. Images come out as
-    float, normalised by ``mean``/``std``; with ``keys`` each sample also carries its key.
+    the samples of a reader's shards through a shuffle buffer of that size (:func:`emission_order`).
+    Images come out as float, normalised by ``mean``/``std``; with ``keys`` each sample also carries
+    its key. In a DataLoader, do not keep workers alive across epochs (``persistent_workers``): each
+    worker holds a copy of the dataset, which a later :meth:`set_epoch` would not reach.
     """
 
     def __init__(self, folder: str | Path, mean: tuple[float, ...], std: tuple[float, ...], seed: int = 0,
@@ -144,7 +186,9 @@ class ShardDataset(IterableDataset):
         self.folder, self.manifest = Path(folder), read_manifest(folder)
         self.mean = torch.tensor(mean).view(-1, 1, 1)
         self.std = torch.tensor(std).view(-1, 1, 1)
-        self.seed, self.buffer, self.keys, self.epoch = seed, buffer, keys, 0
+        self.seed, self.buffer, self.keys = seed, buffer, keys
+        self.set_epoch(0)
+        self.decoded = 0  # samples decoded by this copy of the dataset (in one process: all of them)
         if rank is None or world is None:
             import torch.distributed as dist
 
@@ -152,8 +196,15 @@ class ShardDataset(IterableDataset):
             rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
         self.rank, self.world = rank, world
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip_batches: int = 0, batch_size: int = 1) -> None:
+        """Read epoch ``epoch``, after the first ``skip_batches`` batches of ``batch_size`` (a resumed
+        mid-epoch checkpoint): the shards those batches came from are not opened again, and no sample
+        they held is decoded again."""
+        self.epoch, self.skip_batches, self.batch_size = epoch, skip_batches, batch_size
+
+    def __len__(self) -> int:
+        """Samples per rank and epoch (the layout is even: :meth:`shards_for`)."""
+        return self.manifest["samples"] // self.world
 
     def shards_for(self, worker: int, workers: int) -> list[str]:
         """The shards reader (this rank, ``worker`` of ``workers``) reads this epoch."""
@@ -171,21 +222,26 @@ class ShardDataset(IterableDataset):
 
     def __iter__(self) -> Iterator:
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        mix = random.Random(f"{self.seed}-{self.epoch}-{self.rank}-{worker}")
-        held: list = []
-        for name in self.shards_for(worker, workers):
-            for key, image, label in read_shard(self.folder / name):
-                sample = (key, (image.float().div_(255) - self.mean) / self.std, label)
-                if self.buffer <= 1:
-                    yield self._out(sample)
-                    continue
-                held.append(sample)
-                if len(held) >= self.buffer:  # emit a random one of the buffer, keep the rest
-                    yield self._out(held.pop(mix.randrange(len(held))))
-        mix.shuffle(held)
-        for sample in held:
-            yield self._out(sample)
+        workers = info.num_workers if info else 1
+        # a DataLoader takes batch i from worker i mod workers, starting at worker 0, also in a resumed
+        # epoch: the worker that starts it plays the reader whose batch comes next
+        worker = (info.id + self.skip_batches) % workers if info else 0
+        names = self.shards_for(worker, workers)
+        sizes = {s["name"]: s["samples"] for s in self.manifest["shards"]}
+        order = emission_order(sum(sizes[name] for name in names), self.buffer,
+                               random.Random(f"{self.seed}-{self.epoch}-{self.rank}-{worker}"))
+        order = order[batches_of_worker(self.skip_batches, worker, workers) * self.batch_size:]
+        needed, held, next_out, start = set(order), {}, 0, 0
+        for name in names:  # read in order; hold what comes out later (at most about a buffer's worth)
+            if any(p in needed for p in range(start, start + sizes[name])):  # else: not even opened
+                for position, key, image, label in _read_kept(self.folder / name,
+                                                              keep=lambda i, s=start: s + i in needed):
+                    self.decoded += 1
+                    held[start + position] = (key, (image.float().div_(255) - self.mean) / self.std, label)
+                    while next_out < len(order) and order[next_out] in held:
+                        yield self._out(held.pop(order[next_out]))
+                        next_out += 1
+            start += sizes[name]
 
     def _out(self, sample: tuple) -> tuple:
         key, image, label = sample

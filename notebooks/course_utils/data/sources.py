@@ -17,7 +17,7 @@ from torch.utils.data import Dataset, Subset
 from ..paths import REPO_ROOT
 from .synthetic import make_synthetic
 
-DATASETS = ("synthetic", "cifar10", "mnist", "mnist-idx")
+DATASETS = ("synthetic", "cifar10", "mnist", "mnist-idx", "shards")
 
 
 class DatasetMissingError(RuntimeError):
@@ -216,6 +216,8 @@ def get_datasets(
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    if name == "shards":
+        return _shard_datasets(root, n_train, n_val, seed)
     info = INFO[name]
     if name == "synthetic":
         n_tr, n_va = n_train or 20_000, n_val or 4_000
@@ -243,6 +245,32 @@ def get_datasets(
     if n_val:
         val_ds = Subset(val_ds, range(min(n_val, len(val_ds))))
     return train_ds, val_ds, info
+
+
+def _shard_datasets(root: str | Path | None, n_train: int | None, n_val: int | None,
+                    seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """``--dataset shards --data-root DIR``: the tar shards ``python -m course_utils.data shard`` wrote in
+    DIR/train (streamed: each rank and worker reads its own shards) and DIR/val (small: read whole into
+    memory). No augmentation: the shards hold the images as they are to be learnt."""
+    from .shards import ShardDataset, read_manifest, read_shard
+
+    if root is None:
+        raise DatasetMissingError("--dataset shards needs --data-root: the folder python -m course_utils.data shard "
+                                  "wrote (with train/ and val/ in it)")
+    if n_train or n_val:
+        raise ValueError("--n-train/--n-val do not cut shards: write fewer (python -m course_utils.data shard -n N)")
+    root = Path(root).expanduser()
+    try:
+        train_manifest, val_manifest = read_manifest(root / "train"), read_manifest(root / "val")
+    except FileNotFoundError as exc:
+        raise DatasetMissingError(str(exc)) from exc
+    source = INFO[train_manifest["source"]]
+    info = DatasetInfo("shards", source.num_classes, source.channels, source.size, source.mean, source.std)
+    train = ShardDataset(root / "train", info.mean, info.std, seed=seed)
+    samples = [(image, label) for shard in val_manifest["shards"] for _, image, label in read_shard(root / "val" / shard["name"])]
+    val = TensorImageDataset(torch.stack([x for x, _ in samples]), torch.tensor([y for _, y in samples]),
+                             info.mean, info.std)
+    return train, val, info
 
 
 def held_out_set(name: str = "synthetic", root: str | Path | None = None, n: int = 1000,
