@@ -68,9 +68,12 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     cdist.print0("ranks per host: " + ", ".join(f"{h} x{n}" for h, n in sorted(hosts.items())))
     cfg = dataclasses.replace(cfg, progress=cfg.progress and sys.stderr.isatty())  # no bars in batch logs
     trainer = build_trainer(cfg, device)  # data, loaders, model (course_utils.trainer)
+    n_train = len(trainer.train_loader.dataset)
+    if isinstance(trainer.train_loader.dataset, torch.utils.data.IterableDataset):
+        n_train *= info.world_size  # shards: the length is this rank's share
     cdist.print0(
         f"{cfg.model}: {count_parameters(trainer.raw_model) / 1e6:.2f} M parameters on {device}; "
-        f"{cfg.dataset}: {len(trainer.train_loader.dataset)} train / {len(trainer.val_loader.dataset)} val images; "
+        f"{cfg.dataset}: {n_train} train / {len(trainer.val_loader.dataset)} val images; "
         f"global batch {cfg.batch_size * info.world_size * cfg.grad_accum}, lr {trainer.lr:g}"
     )
     # Slurm's warning before the time limit (--signal=USR1@120, or passed on by the batch

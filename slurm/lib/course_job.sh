@@ -52,6 +52,11 @@ course_activate() {
         exit 2
     fi
     echo "python: $(command -v python); script: $TRAIN_SCRIPT ${TRAIN_ARGS}"
+    if [[ -n "${COURSE_STAGE:-}" ]]; then
+        # COURSE_STAGE=shards (or cifar10, mnist): the data set copied to each node's own disk first
+        # shellcheck source=data/stage.sh
+        source "$COURSE_ROOT/data/stage.sh" "$COURSE_STAGE" || exit 2
+    fi
 }
 
 # The batch shell runs on the job's first node: the rendezvous is there, on a port that is free

@@ -249,17 +249,14 @@ def get_datasets(
 
 def _shard_datasets(root: str | Path | None, n_train: int | None, n_val: int | None,
                     seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """``--dataset shards --data-root DIR``: the tar shards ``python -m course_utils.data shard`` wrote in
-    DIR/train (streamed: each rank and worker reads its own shards) and DIR/val (small: read whole into
+    """``--dataset shards [--data-root DIR]``: the tar shards ``python -m course_utils.data shard`` wrote in
+    DIR (default: ``$COURSE_DATA/shards``)/train (streamed: each rank and worker reads its own shards) and DIR/val (small: read whole into
     memory). No augmentation: the shards hold the images as they are to be learnt."""
     from .shards import ShardDataset, read_manifest, read_shard
 
-    if root is None:
-        raise DatasetMissingError("--dataset shards needs --data-root: the folder python -m course_utils.data shard "
-                                  "wrote (with train/ and val/ in it)")
     if n_train or n_val:
         raise ValueError("--n-train/--n-val do not cut shards: write fewer (python -m course_utils.data shard -n N)")
-    root = Path(root).expanduser()
+    root = Path(root).expanduser() if root else default_data_root() / "shards"  # where data/stage.sh puts them
     try:
         train_manifest, val_manifest = read_manifest(root / "train"), read_manifest(root / "val")
     except FileNotFoundError as exc:
