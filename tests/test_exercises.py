@@ -207,3 +207,22 @@ def test_bubble_fraction_checker(wrong):
     exercises.check_bubble_fraction(solutions.bubble_fraction, MEASURED_BUBBLE, 4)
     with pytest.raises(WrongAnswer):
         exercises.check_bubble_fraction(wrong, MEASURED_BUBBLE, 4)
+
+
+# notebook 10's breakdown on this CPU: read + decode of a batch of 64 JPEGs, the CNN's step, and the same
+# data with the step of a device 2 and 4 times faster than the decoding
+MEASURED_WORKERS = [(6.9, 35.9), (6.9, 3.45), (6.9, 1.72)]
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda d, c: math.floor(d / c),           # rounded down: the accelerator waits
+    lambda d, c: d / c,                       # not a whole number of processes
+    lambda d, c: math.ceil(d / c) + 1,        # one more than needed
+    lambda d, c: math.ceil(c / d),            # upside down
+    lambda d, c: round(d / c),                # rounded to nearest
+    lambda d, c: 2,                           # one answer for every case
+])
+def test_workers_needed_checker(wrong):
+    exercises.check_workers_needed(solutions.workers_needed, MEASURED_WORKERS)
+    with pytest.raises(WrongAnswer):
+        exercises.check_workers_needed(wrong, MEASURED_WORKERS)

@@ -310,8 +310,34 @@ def check_bubble_fraction(bubble: Callable[[int, int], float], measured: Sequenc
            "and 1F1B alike (1F1B saves memory, not time)")
 
 
+def check_workers_needed(needed: Callable[[float, float], int], measured: Sequence[tuple[float, float]]) -> None:
+    """``needed(data_ms, compute_ms)``: the fewest DataLoader workers that keep the accelerator busy when
+    one worker prepares a batch in ``data_ms`` and a step computes for ``compute_ms``. Judged on this
+    run's measured pairs and on pairs not measured here."""
+    cases = [*measured, (10.0, 5.0), (10.0, 10.0), (3.0, 10.0), (25.0, 4.0), (9.0, 4.0), (0.5, 2.0)]
+    for data_ms, compute_ms in cases:
+        want = max(1, math.ceil(data_ms / compute_ms - 1e-9))
+        got = needed(data_ms, compute_ms)
+        if got == want:
+            continue
+        if got == 0:
+            hint = ("with 0 workers the training process itself reads each batch between steps, so the "
+                    "accelerator waits for every one: at least 1 worker, which prepares the next batch during the step")
+        elif isinstance(got, float) and not float(got).is_integer():
+            hint = "a number of processes is a whole number: round up, since too few leaves the accelerator waiting"
+        elif got < want:
+            hint = (f"{got} worker(s) together deliver {got} batch(es) every {data_ms:g} ms, fewer than the "
+                    f"{data_ms / compute_ms:.2f} batches the accelerator consumes in that time")
+        else:
+            hint = f"{want} already keep up; each further worker costs a core and memory"
+        raise WrongAnswer(f"{data_ms:g} ms of data per batch per worker, {compute_ms:g} ms of compute per step: you "
+                          f"say {got}, it takes {want}. {hint}")
+    passed("k workers deliver k batches every data_ms, the accelerator eats one every compute_ms: "
+           "k = ceil(data_ms / compute_ms), at least 1")
+
+
 __all__ = [
     "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_bubble_fraction", "check_lost_seconds", "check_optimizer_steps",
     "check_ring_bytes", "check_small_files_plan", "check_smallest_stage", "check_srun_request",
-    "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
+    "check_strong_efficiency", "check_trials_at_once", "check_workers_needed", "exercise", "solutions_enabled",
 ]

@@ -62,3 +62,9 @@ def trials_at_once(nodes: int, node_cpus: float, node_gpus: float, trial_cpus: f
 def bubble_fraction(stages: int, microbatches: int) -> float:
     # a step is m + p - 1 micro-batch slots long; each stage is busy in m of them
     return (stages - 1) / (microbatches + stages - 1)
+
+
+def workers_needed(data_ms: float, compute_ms: float) -> int:
+    # k workers deliver k batches every data_ms; a step consumes one every compute_ms; at least one
+    # worker, so that the next batch is prepared while the step runs
+    return max(1, math.ceil(data_ms / compute_ms))
