@@ -136,3 +136,11 @@ def test_held_out_images_are_neither_training_nor_validation_images(name, tmp_pa
     if name == "mnist-idx":
         with pytest.raises(ValueError, match="no mnist-idx images are left"):
             data.held_out_set(name, tmp_path, n=50, n_train=80, n_val=20)
+
+
+def test_jpeg_decoding_is_timed_on_the_gpu_only_where_the_device_is_one():
+    """Notebook 10's CUDA branch, with the hardware as input: nvJPEG is timed beside the CPU on a GPU."""
+    from course_utils.data.formats import decoders_to_time
+
+    assert decoders_to_time("cuda") == ["cpu", "cuda"]
+    assert decoders_to_time("cpu") == ["cpu"] and decoders_to_time("mps") == ["cpu"]
