@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,18 +82,24 @@ def _write_files(folder: Path, n_files: int, file_bytes: int, fsync: bool) -> fl
     return time.perf_counter() - start
 
 
-def _read_files(folder: Path, n_files: int) -> float:
-    """Open and read every file, as a data epoch does. Their pages are first dropped from
-    this node's cache (``POSIX_FADV_DONTNEED``; they were fsync'd, so they are clean), so the
-    bytes come from the storage; the metadata caches stay warm, which flatters small files."""
-    names = [folder / f"f{i:06d}.bin" for i in range(n_files)]
-    for name in names:
-        fd = os.open(name, os.O_RDONLY)
+def drop_cached_pages(paths: Iterable[Path]) -> None:
+    """Ask the kernel to forget the cached pages of ``paths`` (clean pages: they were fsync'd), so the
+    next read comes from the storage. Metadata caches stay warm: this flatters many small files."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
         try:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def _read_files(folder: Path, n_files: int) -> float:
+    """Open and read every file, as a data epoch does. Their pages are first dropped from
+    this node's cache (``POSIX_FADV_DONTNEED``; they were fsync'd, so they are clean), so the
+    bytes come from the storage; the metadata caches stay warm, which flatters small files."""
+    names = [folder / f"f{i:06d}.bin" for i in range(n_files)]
+    drop_cached_pages(names)
     start = time.perf_counter()
     for name in names:
         with open(name, "rb", buffering=0) as fh:

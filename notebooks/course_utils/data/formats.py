@@ -19,13 +19,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
+
+from ..storage import drop_cached_pages
 
 FORMATS = ("png", "jpeg", "npy", "shards")
 SUFFIX = {"png": ".png", "jpeg": ".jpg"}
@@ -77,18 +78,6 @@ def write_format(fmt: str, images: torch.Tensor, labels: torch.Tensor, folder: s
 
 def files_in(folder: str | Path) -> list[Path]:
     return sorted(p for p in Path(folder).rglob("*") if p.is_file())
-
-
-def drop_cached_pages(paths: Iterable[Path]) -> None:
-    """Ask the kernel to forget the cached pages of ``paths`` (clean pages: they were fsync'd), so the
-    next read comes from the storage. Metadata caches stay warm: this flatters many small files."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 class _Timed:
