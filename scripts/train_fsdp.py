@@ -38,6 +38,7 @@ from course_utils.dist import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.results import emit_result
+from course_utils.rng import rng_state_json, set_rng_state_json
 from course_utils.sharding import (
     add_sharding_args,
     consolidate_sharded,
@@ -110,6 +111,8 @@ if saved:
     if mismatch:
         sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
     first_epoch, step, losses = progress["epoch"], progress["step"], progress["losses"]
+    if "rng" in progress:  # augmentation in this process draws from it: the next epoch sees the same images
+        set_rng_state_json(progress["rng"])
     resumed_from = {"path": str(saved), "world_size": progress["world_size"]}
     if rank == 0:
         print(f"resumed from {saved} after epoch {first_epoch} (step {step}), written by {progress['world_size']} "
@@ -144,7 +147,7 @@ for epoch in range(first_epoch, cfg.epochs):
         print(f"epoch {epoch}: train loss {losses[-1]:.4f}, {meter.images_per_s:,.0f} images/s", flush=True)
     if ckpt:
         save_sharded(ckpt, model, optimizer, {"epoch": epoch + 1, "step": step, "losses": losses,
-                                              "world_size": world, "config": asdict(cfg)})
+                                              "world_size": world, "config": asdict(cfg), "rng": rng_state_json()})
 
 memory = fsdp_memory(model, optimizer, grad_bytes)
 allocated = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None

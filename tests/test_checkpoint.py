@@ -97,3 +97,25 @@ def test_read_only_folder():
     finally:
         ro.chmod(0o755)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_the_random_streams_survive_a_trip_through_json():
+    """Sharded checkpoints keep their progress as JSON (train_fsdp.py, train_pipeline.py --train): the
+    random streams saved there continue exactly where they stopped, so a resumed epoch draws the
+    augmentation an uninterrupted one would."""
+    import json
+    import random
+
+    import numpy as np
+    import torch
+
+    from course_utils.rng import rng_state_json, set_rng_state_json
+
+    torch.manual_seed(5), random.seed(5), np.random.seed(5)
+    torch.rand(3), np.random.rand(2), random.random(), np.random.randn()  # numpy now holds a cached Gaussian
+    saved = json.loads(json.dumps(rng_state_json()))
+    ahead = (torch.rand(4), np.random.randn(3), random.random())
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)  # elsewhere
+    set_rng_state_json(saved)
+    again = (torch.rand(4), np.random.randn(3), random.random())
+    assert torch.equal(ahead[0], again[0]) and np.array_equal(ahead[1], again[1]) and ahead[2] == again[2]
