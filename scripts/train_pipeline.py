@@ -165,6 +165,9 @@ def train(args: argparse.Namespace) -> int:
     m = args.microbatches[0] if args.microbatches else 4
     if cfg.model != "mlp":
         sys.exit("error: --train pipelines --model mlp (its stem, residual blocks and head are dealt to the stages)")
+    if cfg.dataset == "shards":
+        sys.exit("error: every pipeline stage must read the same batches, and shards are dealt out to the ranks: "
+                 "use --dataset synthetic, cifar10 or mnist with --train")
     if cfg.batch_size % m:
         sys.exit(f"error: --batch-size {cfg.batch_size} does not split into {m} equal micro-batches")
     info, device, _ = start_rank(cfg, "train_pipeline.py --train", LEFT_OUT)  # the course's door

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(s["bytes"] for s in manifest["shards"])
             print(f"{split}: {manifest['samples']} images of {args.name} in {len(manifest['shards'])} shard(s) of "
                   f"{args.per_shard}, {size / 2**20:.1f} MiB, in {args.out / split}")
+        if splits == ("train",):
+            print(f"no val/: {args.name} has no validation split. train.py --dataset shards needs one: shard mnist "
+                  "or cifar10 (python -m course_utils.data download ... on a login node) to train from shards")
         return 0
     if args.command == "download":
         try:

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..storage import drop_cached_pages
+from .loaders import make_loader
 
 FORMATS = ("png", "jpeg", "npy", "shards")
 SUFFIX = {"png": ".png", "jpeg": ".jpg"}
@@ -152,18 +153,6 @@ def reader(fmt: str, folder: str | Path, mean: tuple[float, ...], std: tuple[flo
     return ShardDataset(folder, mean, std, rank=0, world=1)
 
 
-def loader_for(dataset: Dataset, batch_size: int, workers: int, prefetch_factor: int | None = None,
-               persistent_workers: bool = False, pin_memory: bool = False, shuffle: bool = True) -> DataLoader:
-    """A training DataLoader with the knobs the notebook turns (a map-style set in shuffled order, as a
-    sampler would give it; shards shuffle themselves)."""
-    from torch.utils.data import IterableDataset
-
-    streamed = isinstance(dataset, IterableDataset)
-    kwargs = {"prefetch_factor": prefetch_factor, "persistent_workers": persistent_workers} if workers else {}
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle and not streamed, num_workers=workers,
-                      pin_memory=pin_memory, generator=torch.Generator().manual_seed(0), **kwargs)
-
-
 def read_epoch(loader: DataLoader, folder: str | Path | None = None, epochs: int = 1) -> dict[str, float]:
     """``epochs`` passes over ``loader``, each after dropping the cached pages of the files in ``folder``:
     seconds per epoch (the last), images per second, and the seconds until the first batch of the last
@@ -190,7 +179,7 @@ def step_breakdown(dataset: ImageFiles | ArrayImages, model: torch.nn.Module, de
     alone; the GPU is synchronised before each clock is read."""
     from ..timing import sync
 
-    loader = loader_for(dataset, batch_size, workers=0)
+    loader = make_loader(dataset, batch_size, workers=0)  # shuffled, as in training
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     parts = {"read": 0.0, "decode": 0.0, "copy": 0.0, "compute": 0.0}
     done = 0

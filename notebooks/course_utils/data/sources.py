@@ -249,9 +249,9 @@ def get_datasets(
 
 def _shard_datasets(root: str | Path | None, n_train: int | None, n_val: int | None,
                     seed: int) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """``--dataset shards [--data-root DIR]``: the tar shards ``python -m course_utils.data shard`` wrote in
-    DIR (default: ``$COURSE_DATA/shards``)/train (streamed: each rank and worker reads its own shards) and DIR/val (small: read whole into
-    memory). No augmentation: the shards hold the images as they are to be learnt."""
+    """``--dataset shards [--data-root DIR]``: the tar shards ``python -m course_utils.data shard`` wrote
+    in DIR (default: ``$COURSE_DATA/shards``): DIR/train streamed (each rank and worker reads its own
+    shards), DIR/val read whole into memory. No augmentation: the shards hold the images to be learnt."""
     from .shards import ShardDataset, read_manifest, read_shard
 
     if n_train or n_val:
@@ -264,7 +264,8 @@ def _shard_datasets(root: str | Path | None, n_train: int | None, n_val: int | N
     source = INFO[train_manifest["source"]]
     info = DatasetInfo("shards", source.num_classes, source.channels, source.size, source.mean, source.std)
     train = ShardDataset(root / "train", info.mean, info.std, seed=seed)
-    samples = [(image, label) for shard in val_manifest["shards"] for _, image, label in read_shard(root / "val" / shard["name"])]
+    samples = [(image, label) for shard in val_manifest["shards"]
+               for _, image, label in read_shard(root / "val" / shard["name"])]
     val = TensorImageDataset(torch.stack([x for x, _ in samples]), torch.tensor([y for _, y in samples]),
                              info.mean, info.std)
     return train, val, info
