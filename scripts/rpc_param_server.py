@@ -57,10 +57,13 @@ class ParameterServer(nn.Module):
         # them): another trainer's step, applied in place meanwhile, cannot change what this call's
         # backward pass needs. The gradient is the one at the weights this trainer saw: the stale gradient
         # of an asynchronous server.
+        # The forward pass stays inside the lock too: functional_call swaps the module's tensors for the
+        # call's duration, so two RPC threads in it at once could leave the model holding one trainer's
+        # clones instead of the parameters the optimizer steps (the server would then stop learning).
         with self.lock:
             self.steps[trainer] = self.steps.get(trainer, 0) + 1
             weights = {name: p.clone() for name, p in self.model.named_parameters()}
-        return torch.func.functional_call(self.model, weights, (x,))
+            return torch.func.functional_call(self.model, weights, (x,))
 
     def parameter_rrefs(self) -> list[rpc.RRef]:
         return [rpc.RRef(p) for p in self.model.parameters()]
@@ -88,6 +91,9 @@ def remote_method(method, rref: rpc.RRef, *args):
 
 def train(rank: int, steps: int, batch: int, lr: float) -> list[float]:
     server = rpc.remote("server", make_server)  # an RRef: the object stays on the server
+    # The two trainers' steps can overlap on the server: the functional SGD the DistributedOptimizer picks
+    # takes no lock in this torch (whatever its docstring says), so an update may be lost to a race, which
+    # an asynchronous server tolerates.
     optimizer = DistributedOptimizer(torch.optim.SGD, remote_method(ParameterServer.parameter_rrefs, server), lr=lr)
     losses = []
     for step in range(steps):

@@ -1,11 +1,20 @@
 """Tensor parallelism's sharded checkpoints (scripts/train_tp.py --ckpt-dir). Notebook 09 runs the
 pipeline, tensor-parallel, 2-D and RPC scripts and checks what they teach; the test Slurm cluster runs
-the 2-D pattern (tests/test_slurm.py). What no notebook shows: stopping a tensor-parallel run and resuming it."""
+the 2-D pattern (tests/test_slurm.py). What no notebook shows: stopping a tensor-parallel run and resuming it,
+and the parameter server's forward pass under RPC's concurrent threads."""
+
+import sys
+import threading
 
 import pytest
+import torch
 
 from course_utils.launch import run_script
+from course_utils.paths import SCRIPTS
 from course_utils.results import parse_result
+
+sys.path.insert(0, str(SCRIPTS))
+import rpc_param_server  # noqa: E402
 
 TINY = ["--hidden", "32", "--heads", "2", "--blocks", "1", "--batch", "2", "--seq", "8", "--tp-size", "2",
         "--device", "cpu"]
@@ -61,3 +70,25 @@ def test_the_pipelined_run_is_train_py_s_run_and_resumes_from_its_sharded_checkp
     whole = consolidate_sharded(tmp_path / "step-16", tmp_path / "whole.pt")
     build_model("mlp", 3, 10).load_state_dict(whole, strict=True)  # every parameter, under the model's own names
     assert all(torch.isfinite(t).all() for t in whole.values())
+
+
+def test_the_parameter_server_keeps_its_parameters_when_trainers_call_its_forward_at_once():
+    # RPC serves each trainer's call on a thread of its pool. A forward pass that let two threads swap
+    # tensors into the shared module at once left it holding a trainer's clones: the optimizer then
+    # stepped parameters the model no longer used (a CI run's server stopped learning).
+    server = rpc_param_server.ParameterServer()
+    params = list(server.model.parameters())
+
+    def trainer(rank):
+        for step in range(300):
+            server.forward(rank, rpc_param_server.teacher_batch(4, seed=step)[0])
+
+    threads = [threading.Thread(target=trainer, args=(rank,)) for rank in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert server.steps == {1: 300, 2: 300}
+    assert all(a is b for a, b in zip(server.model.parameters(), params, strict=True)), \
+        "the model must still hold the parameters the distributed optimizer steps"
+    assert all(isinstance(p, torch.nn.Parameter) for p in server.model.parameters())
