@@ -181,7 +181,7 @@ def train(args: argparse.Namespace) -> int:
     train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
     pin = cfg.pin_memory and device.type == "cuda"
     loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers, pin_memory=pin,
-                         persistent_workers=cfg.workers > 0, drop_last=True, seed=cfg.seed, replicas=1)
+                         persistent_workers=cfg.workers > 0, drop_last=True, seed=cfg.seed, replica=(0, 1))
     val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
     mine = ModelStage(build_model(cfg.model, meta.channels, meta.num_classes), stages, stage).to(device)
     optimizer = make_optimizer(mine, cfg, config_lr(cfg, 1))  # one model replica: the batch is the global batch

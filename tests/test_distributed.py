@@ -81,9 +81,9 @@ def _start_alone(rank: int, world: int, port: int, marker: str, extra_env: dict 
 def test_missing_peer_fails_at_the_join_timeout_naming_it():
     port, marker = free_port(), f"course-missing-peer-{os.getpid()}"
     # a short join timeout (the default, 45 s, is $COURSE_JOIN_TIMEOUT's): rank 0 waits it out, then names rank 1
-    out, seconds = _start_alone(0, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "8"})
+    out, seconds = _start_alone(0, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "3"})
     message = out.stderr + out.stdout
-    assert out.returncode != 0 and 8 <= seconds < 60, (seconds, message[-2000:])
+    assert out.returncode != 0 and 3 <= seconds < 60, (seconds, message[-2000:])
     assert "rank(s) 1 of 2 never joined" in message and f"127.0.0.1:{port}" in message
     assert "Traceback" not in message
     assert _alive_with_marker(marker) == [], "no process may be left behind"
@@ -93,7 +93,7 @@ def test_missing_peer_fails_at_the_join_timeout_naming_it():
 
 def test_worker_without_rank_zero_names_the_address():
     port, marker = free_port(), f"course-missing-master-{os.getpid()}"
-    out, seconds = _start_alone(1, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "5"})
+    out, seconds = _start_alone(1, 2, port, marker, {"COURSE_JOIN_TIMEOUT": "2"})
     message = out.stderr + out.stdout
     assert out.returncode != 0 and seconds < 60
     assert f"could not reach rank 0's rendezvous at 127.0.0.1:{port}" in message

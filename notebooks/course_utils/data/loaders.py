@@ -20,7 +20,7 @@ def make_loader(
     prefetch_factor: int | None = None,
     drop_last: bool = False,
     seed: int = 0,
-    replicas: int | None = None,
+    replica: tuple[int, int] | None = None,
 ) -> DataLoader:
     """A DataLoader that is right under any launcher.
 
@@ -28,18 +28,18 @@ def make_loader(
     ranks: each rank sees a disjoint 1/world-size slice, and the order of
     epoch ``e`` depends only on ``(seed, e)`` -- call :func:`set_epoch` every
     epoch -- so a job resumed from a checkpoint sees exactly the batches the
-    uninterrupted job would have. ``batch_size`` is per rank. ``replicas``: how many model replicas
-    share the data (default: every rank is one; 1 for the stages of one pipeline, which all read
-    every batch).
+    uninterrupted job would have. ``batch_size`` is per rank. ``replica``: (which model replica
+    this process serves, how many replicas share the data), when that is not (rank, world size):
+    ``(0, 1)`` for the stages of one pipeline, which all read every batch.
     """
     sampler = None
-    world = cdist.get_world_size() if replicas is None else replicas
+    index, world = (cdist.get_rank(), cdist.get_world_size()) if replica is None else replica
     streamed = isinstance(dataset, IterableDataset)  # shards: the dataset deals itself out (set_epoch)
     if streamed:
         persistent_workers = False  # each worker's copy of the dataset must see every set_epoch
     elif shuffle or world > 1:
         sampler = ResumableSampler(
-            dataset, num_replicas=world, rank=cdist.get_rank() % world, shuffle=shuffle, seed=seed,
+            dataset, num_replicas=world, rank=index, shuffle=shuffle, seed=seed,
             drop_last=drop_last,
         )
     kwargs: dict = {}
