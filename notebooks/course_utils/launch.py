@@ -264,7 +264,9 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
            # last call: how long a group that has its minimum waits for more nodes. Long enough for a
            # node started a moment later to import torch and join the first group (on a busy
            # 2-core machine, 2 s was not), short enough that a survivor re-forms quickly.
-           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=5",
+           # keep-alive: a node is dead after 3 missed heartbeats, 6 s at one per 2 s (torch's default
+           # of 5 s made the survivor wait 15 s before it could re-form the group).
+           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=5,keep_alive_interval=2",
            str(script_path(str(script))), *map(str, args)]
     return Process(cmd, env=_threads_per_rank(nproc, env))
 
