@@ -16,6 +16,7 @@ Slurm pattern starts one) instead of starting Ray here. The last line is ``RESUL
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--num-samples and --workers-per-trial must be at least 1")
         warning = tuning.gpu_share_warning(args.workers_per_trial, args.gpus_per_trial) or \
             tuning.pbt_refused(args.scheduler, args.searcher, args.workers_per_trial)
+        if not (warning or args.address or os.environ.get("RAY_ADDRESS")):
+            # the Ray this script would start is this machine: a request it cannot hold is refused before it starts
+            warning = tuning.unfit_request(args.cpus_per_trial, args.gpus_per_trial, [tuning.this_machine()])
         if warning:
             raise ValueError(warning)
     except ValueError as exc:

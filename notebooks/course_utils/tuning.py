@@ -297,6 +297,15 @@ def unfit_request(cpus: float, gpus: float, nodes: Sequence[dict[str, float]]) -
             "lower --cpus-per-trial or --gpus-per-trial, or ask Slurm for bigger nodes")
 
 
+def this_machine() -> dict[str, float]:
+    """The CPUs and GPUs of the one Ray node :func:`start_ray` starts here (no address given)."""
+    import torch
+
+    from .hardware import usable_cores
+
+    return {"CPU": usable_cores(), "GPU": torch.cuda.device_count()}
+
+
 def node_resources() -> list[dict[str, float]]:
     """The CPUs and GPUs of each live node of the running Ray cluster."""
     import ray
