@@ -123,9 +123,15 @@ class Submissions:
 
 
 def sbatch(script: str | Path, *options: str, env: dict[str, str] | None = None) -> int:
-    """Submit ``script`` (from the repository root, as the scripts expect); the job id."""
+    """Submit ``script`` (from the repository root, as the scripts expect); the job id.
+
+    On the course's test cluster every process of the job gets one thread (``OMP_NUM_THREADS=1``, unless
+    ``env`` says otherwise): its "nodes" share this machine's few cores, not the cores Slurm grants them.
+    """
+    threads = {"OMP_NUM_THREADS": "1"} if cluster_name() == TEST_CLUSTER else {}
     cmd = ["sbatch", "--parsable", *options, str(script)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT,
+                         env={**os.environ, **threads, **(env or {})})
     if out.returncode != 0:
         raise SlurmError(f"{' '.join(cmd)}: {out.stderr.strip()}")
     return int(out.stdout.strip().split(";")[0])
