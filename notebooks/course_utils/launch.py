@@ -251,6 +251,11 @@ def find_rank_pid(marker: str, rank: int) -> int | None:
     return None
 
 
+# An elastic node is dead to the others after KEEP_ALIVE_MISSES missed heartbeats, one every KEEP_ALIVE_S
+# seconds; torch's default interval, TORCH_KEEP_ALIVE_S, made a survivor wait 15 s before re-forming the group.
+KEEP_ALIVE_S, KEEP_ALIVE_MISSES, TORCH_KEEP_ALIVE_S = 2, 3, 5
+
+
 def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, rdzv_id: str,
                        nnodes: str = "1:2", nproc: int = 1, max_restarts: int = 3,
                        env: dict[str, str] | None = None) -> Process:
@@ -264,9 +269,9 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
            # last call: how long a group that has its minimum waits for more nodes. Long enough for a
            # node started a moment later to import torch and join the first group (on a busy
            # 2-core machine, 2 s was not), short enough that a survivor re-forms quickly.
-           # keep-alive: a node is dead after 3 missed heartbeats, 6 s at one per 2 s (torch's default
-           # of 5 s made the survivor wait 15 s before it could re-form the group).
-           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=5,keep_alive_interval=2",
+           # keep-alive: see KEEP_ALIVE_S
+           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=5,"
+           f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
            str(script_path(str(script))), *map(str, args)]
     return Process(cmd, env=_threads_per_rank(nproc, env))
 
