@@ -27,7 +27,7 @@ from course_utils.devices import add_device_flag
 from course_utils.models import build_model
 from course_utils.precision import set_tf32
 from course_utils.results import emit_result
-from course_utils.trainer import TrainConfig, Trainer
+from course_utils.trainer import TrainConfig, Trainer, make_optimizer
 
 ATOL, RTOL = 1e-5, 1e-4  # float32, a few SGD steps
 
@@ -80,7 +80,7 @@ def equivalence(device: torch.device, batch: int, steps: int, seed: int) -> dict
     torch.manual_seed(seed)
     ref = build_model("cnn-gn").to(device)
     initial = torch.cat([p.detach().reshape(-1) for p in ref.parameters()]).clone()
-    opt = torch.optim.SGD(ref.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = make_optimizer(ref, cfg, cfg.lr)  # the Trainer's own, so both sides run the same implementation
     sampler = DistributedSampler(train, num_replicas=1, rank=0, shuffle=True, seed=seed)
     for x, y in DataLoader(train, batch_size=world * batch, sampler=sampler):
         loss = torch.nn.functional.cross_entropy(ref(x.to(device)), y.to(device))

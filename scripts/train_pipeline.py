@@ -51,6 +51,7 @@ from course_utils.pipeline import (
     split,
 )
 from course_utils.results import emit_result
+from course_utils.trainer import build_optimizer
 
 
 # what --train does not implement: it says so rather than train without it
@@ -99,8 +100,8 @@ def compare_with_unsplit(name: str, stage: int, stages: int, hidden: int, steps:
     mine = split(build_mlp(hidden, 2 * stages), stages, stage).to(device)  # the same weights, this stage's share
     pipe = schedule_class(name)(PipelineStage(Stage(mine), stage, stages, device), n_microbatches=microbatches,
                                 loss_fn=mse)
-    opt_pipe = torch.optim.SGD(mine.parameters(), lr=0.1)
-    opt_whole = torch.optim.SGD(whole.parameters(), lr=0.1)
+    opt_pipe = build_optimizer(mine.parameters(), "sgd", lr=0.1)
+    opt_whole = build_optimizer(whole.parameters(), "sgd", lr=0.1)
     loss_diff = 0.0
     for step in range(steps):
         gen = torch.Generator().manual_seed(step)

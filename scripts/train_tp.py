@@ -116,13 +116,15 @@ def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[fl
     from torch.distributed.tensor.parallel import parallelize_module
 
     from course_utils.sharding import latest_sharded, load_sharded, save_sharded
+    from course_utils.trainer import build_optimizer
 
     dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
     dense = build_blocks(args.hidden, args.heads, args.blocks).to(device)
     split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(device), mesh["tp"],
                                megatron_plan(args.blocks))
     both = nn.ModuleDict({"dense": dense, "split": split})  # one checkpoint, one optimizer for the two
-    opt = torch.optim.SGD(both.parameters(), lr=0.05, momentum=0.9)
+    # the split blocks' LayerNorms stay plain tensors beside the DTensors: one group per kind (foreach)
+    opt = build_optimizer(both.parameters(), "sgd", lr=0.05, momentum=0.9)
     shape = {k: getattr(args, k) for k in ("hidden", "heads", "blocks", "batch", "seq")}
     start, resumed = 0, None
     found = latest_sharded(args.ckpt_dir) if args.ckpt_dir else None

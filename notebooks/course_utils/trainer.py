@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from .rng import rng_state, set_rng_state
 from .timing import Throughput
 
 __all__ = ["EpochStats", "TrainConfig", "Trainer", "build_trainer", "config_lr", "evaluate", "history_table",
-           "linear_warmup", "make_optimizer", "scaled_lr"]
+           "build_optimizer", "groups_by_tensor_kind", "linear_warmup", "make_optimizer", "scaled_lr"]
 
 def linear_warmup(optimizer: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """Ramp the learning rate from lr/steps to lr over ``steps`` optimiser steps, then hold it.
@@ -54,11 +54,37 @@ def config_lr(cfg: TrainConfig, world_size: int) -> float:
     return scaled_lr(cfg.lr, world_size, cfg.grad_accum) if cfg.scale_lr else cfg.lr
 
 
+def groups_by_tensor_kind(params: Iterable[torch.Tensor]) -> list[dict]:
+    """The parameters as one group per kind of tensor, plain or DTensor (tensor parallel, FSDP2).
+
+    A model split by DTensor keeps some plain parameters (a LayerNorm no plan names), and the foreach
+    kernels refuse a list that mixes the two ("got mixed torch.Tensor and DTensor"); an optimiser steps
+    one group at a time, so each group's list is of one kind."""
+    from torch.distributed.tensor import DTensor
+
+    plain, dtensors = [], []
+    for p in params:
+        (dtensors if isinstance(p, DTensor) else plain).append(p)
+    return [{"params": group} for group in (plain, dtensors) if group]
+
+
+def build_optimizer(params: Iterable[torch.Tensor], name: str, lr: float, momentum: float = 0.0,
+                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """SGD or AdamW on the implementation CUDA gives them by default (foreach), on every device.
+
+    torch picks foreach on CUDA and the per-tensor loop on CPUs; asking for foreach everywhere makes a
+    CPU run take the path a GPU will, so a failure of that path shows up here, not on a workshop's GPUs."""
+    groups = groups_by_tensor_kind(params)
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, foreach=True)
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay, foreach=True)
+    raise ValueError(f"optimizer is sgd or adamw, not {name!r}")
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
     """The course's optimiser, the same in every trainer (ours, Lightning's, Fabric's, DeepSpeed's, FSDP's)."""
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return build_optimizer(model.parameters(), cfg.optimizer, lr, cfg.momentum, cfg.weight_decay)
 
 
 @torch.no_grad()
