@@ -92,3 +92,49 @@ def test_the_parameter_server_keeps_its_parameters_when_trainers_call_its_forwar
     assert all(a is b for a, b in zip(server.model.parameters(), params, strict=True)), \
         "the model must still hold the parameters the distributed optimizer steps"
     assert all(isinstance(p, torch.nn.Parameter) for p in server.model.parameters())
+
+
+def _timed_under_stream_waits(rank: int, init: str, results) -> None:
+    """One stage of train_pipeline.py's timed step, on gloo made to wait as NCCL does: a p2p ``wait()``
+    returns at once and only orders the (here absent) stream; the transfer completes when the stream
+    is synchronised, which is what ``pipeline.block_until_ready`` does on a GPU."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+
+    from course_utils import pipeline
+
+    import train_pipeline
+
+    on_the_stream: list = []
+    schedules._wait_batch_p2p = lambda works: on_the_stream.extend(works or [])  # NCCL: the CPU goes on
+
+    def stream_synchronize(x):
+        while on_the_stream:
+            on_the_stream.pop().wait()
+
+    pipeline.block_until_ready = stream_synchronize
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        for m in (1, 4):
+            seconds, _ = train_pipeline.time_schedule("gpipe", m, rank, 2, 16, 0.05, torch.device("cpu"))
+            stream_synchronize(None)
+            step = [None, None]
+            dist.all_gather_object(step, seconds)
+            results[(rank, m)] = 1 - m * 3 * 0.05 / max(step)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_measured_bubble_holds_when_a_collectives_wait_does_not_block_the_cpu(tmp_path):
+    """Under NCCL, a received activation's ``Work.wait()`` does not block the CPU. The simulated compute
+    then waits for its input itself, so two GPipe stages still measure the bubble (p-1)/(m+p-1): 0.5
+    with one micro-batch, 0.2 with four (without that wait the stages' sleeps overlap: about 0)."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_timed_under_stream_waits, args=(f"file://{tmp_path / 'store'}", results), nprocs=2,
+                           start_method="spawn")
+        bubble = {m: results[(0, m)] for m in (1, 4)}
+    assert 0.5 - 0.05 <= bubble[1] <= 0.5 + 0.1 and 0.2 - 0.05 <= bubble[4] <= 0.2 + 0.1, bubble

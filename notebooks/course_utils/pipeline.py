@@ -48,13 +48,24 @@ def min_microbatches(name: str, stages: int) -> int:
     return stages if name == "1f1b" else 1
 
 
+def block_until_ready(x: torch.Tensor) -> None:
+    """Hold the CPU until ``x`` is computed and received. Under NCCL a received activation's
+    ``Work.wait()`` makes the GPU's stream wait, not the CPU: a compute simulated by a CPU sleep would
+    start before its input arrived, the stages' sleeps would overlap, and the bubble would measure 0.
+    (With gloo, ``wait()`` has blocked the CPU already.)"""
+    if x.device.type == "cuda":
+        torch.cuda.current_stream(x.device).synchronize()
+
+
 class SimulatedWork(torch.autograd.Function):
     """Identity on the activations; sleeps ``forward_s`` in the forward pass and twice that in the
-    backward (a backward pass costs about two forwards), and counts micro-batches held in ``meter``."""
+    backward (a backward pass costs about two forwards), and counts micro-batches held in ``meter``.
+    Each sleep starts once its input is there (:func:`block_until_ready`), as a GPU kernel would."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, forward_s: float, meter: dict[str, int]) -> torch.Tensor:
         ctx.forward_s, ctx.meter = forward_s, meter
+        block_until_ready(x)
         time.sleep(forward_s)
         meter["held"] += 1
         meter["peak"] = max(meter["peak"], meter["held"])
@@ -62,6 +73,7 @@ class SimulatedWork(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        block_until_ready(grad)
         time.sleep(2 * ctx.forward_s)
         ctx.meter["held"] -= 1
         return grad, None, None
