@@ -109,7 +109,8 @@ def train(cfg: TrainConfig, plan: LaunchPlan, strategy: str, train_ds: Dataset, 
     seconds = time.perf_counter() - start
     # DDP's and DeepSpeed's teardown have moved the model back to the CPU: evaluate, and compare the ranks
     # over Lightning's (NCCL) group, on this rank's device again (strategy.root_device, which plan.device
-    # names); FSDP's shards stay on the device and are gathered whole for this (full_weights)
+    # names); FSDP's shards stay on the device and are gathered whole for this (full_weights), with weights and
+    # BatchNorm statistics both in fp32 (lit.precision_args: batch norm takes them in one dtype)
     device = trainer.strategy.root_device
     if device != plan.device:  # (the strategy was handed plan.parallel_devices: this would be a course bug)
         raise RuntimeError(f"Lightning placed this rank on {device}, the course's policy on {plan.device}")

@@ -5,6 +5,7 @@ on the same model, data and seed and checks that they reach the same loss, and r
 Lightning run; those checks live there. Here: what a notebook cannot show, the mistakes.
 """
 
+import math
 import re
 import sys
 from datetime import timedelta
@@ -13,7 +14,10 @@ import pytest
 import torch
 
 from course_utils.launch import run_command, run_script
-from course_utils.lit import LaunchMismatch, latest_checkpoint, plan_launch, sharded_placement, strategy_refused
+from course_utils.lit import (LaunchMismatch, full_weights, latest_checkpoint, plan_launch, precision_args,
+                              sharded_placement, strategy_refused)
+from course_utils.precision import precision_for
+from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from course_utils.paths import SCRIPTS
 from course_utils.results import parse_result
@@ -139,3 +143,75 @@ def test_a_sharded_strategy_gets_the_rank_s_gpu_and_is_refused_in_one_line_witho
     refusal = strategy_refused(strategy, cpu)
     assert "CUDA GPUs only" in refusal and ("train_fsdp.py" if strategy == "fsdp" else "train_deepspeed.py") in refusal
     assert "choose one of ddp, fsdp" in strategy_refused("fsdp2", gpu)
+
+
+TURING, AMPERE = (7, 5), (8, 0)  # Frontera's RTX 5000, FT3's A100
+
+
+def fsdp_config(capability: tuple[int, int], ours: bool = True):
+    """The ``MixedPrecision`` Lightning hands ``FullyShardedDataParallel`` for ``--precision amp`` on a GPU of
+    ``capability``: from the course's strategy (``ours``) or from Lightning's defaults (the Trainer sets the
+    FSDP precision plugin on the strategy from ``precision=``)."""
+    lightning, kwargs = precision_args("fsdp", precision_for("amp", "cuda", capability))
+    gpu = plan_launch("auto", None, None, gpus_visible=2, env=GPU_2)
+    made = sharded_placement("fsdp", gpu, timedelta(seconds=60), **(kwargs if ours else {}))["strategy"]
+    made.precision_plugin = FSDPPrecision(lightning)
+    return lightning, made
+
+
+@pytest.mark.filterwarnings("ignore:.*GradScaler is enabled, but CUDA")  # FSDPPrecision("16-mixed") on a CPU
+@pytest.mark.parametrize("capability, lightning, low", [(TURING, "16-mixed", torch.float16),
+                                                        (AMPERE, "bf16-mixed", torch.bfloat16)])
+def test_fsdp_keeps_weights_and_batch_norm_statistics_in_fp32_at_the_gpu_s_precision(capability, lightning, low):
+    """Issue 31, finding 3. The precision follows the compute capability (fp16 on Turing, bf16 from Ampere);
+    FSDP gets its weights and buffers in fp32 whichever it is, where Lightning's own config casts both to
+    16 bits and summon_full_params gives the weights back in fp32 but not the buffers."""
+    name, made = fsdp_config(capability)
+    assert name == lightning
+    config = made.mixed_precision_config  # what FSDPStrategy.setup hands FullyShardedDataParallel
+    assert (config.param_dtype, config.reduce_dtype, config.buffer_dtype) == (torch.float32,) * 3
+    assert fsdp_config(capability, ours=False)[1].mixed_precision_config.buffer_dtype == low  # Lightning's: why
+    for other in ("ddp", "deepspeed_stage_2"):  # nothing but the precision's name for them
+        assert precision_args(other, precision_for("amp", "cuda", capability)) == (lightning, {})
+    with pytest.raises(ValueError, match="resolve it first"):
+        precision_args("fsdp", "amp")
+
+
+@pytest.mark.filterwarnings("ignore:.*GradScaler is enabled, but CUDA", "ignore:.*switching to use `NO_SHARD`")
+@pytest.mark.parametrize("ours", [True, False], ids=["course", "lightning-default"])
+def test_evaluating_after_fsdp_meets_batch_norm_in_one_dtype(ours, tmp_path):
+    """Finding 3's failure, on a CPU (Lightning's Trainer refuses FSDP there; torch's FSDP runs, one rank:
+    NO_SHARD, which casts buffers the same way): the course's cnn wrapped by FSDP with the config Lightning
+    would use on Frontera's Turing GPUs, one step, then train_lightning.py's evaluation (full_weights, the
+    course's evaluate in fp16). Lightning's default leaves fp16 running statistics beside fp32 weights, which
+    batch norm refuses; the course's keeps both in fp32."""
+    import types
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from course_utils.models import build_model
+    from course_utils.trainer import evaluate
+
+    _, made = fsdp_config(TURING, ours)
+    torch.manual_seed(0)
+    model = build_model("cnn", 3, 10, width=8)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,)))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        made.model = FullyShardedDataParallel(model, mixed_precision=made.mixed_precision_config,
+                                              device_id=torch.device("cpu"))
+        made.model(data.tensors[0]).sum().backward()  # FSDP casts the buffers on the first forward
+        with full_weights(types.SimpleNamespace(strategy=made)):
+            statistics = {b.dtype for b in model.buffers() if b.is_floating_point()}
+            assert {p.dtype for p in model.parameters()} == {torch.float32}  # summon_full_params: full precision
+            loader, cpu = torch.utils.data.DataLoader(data, batch_size=4), torch.device("cpu")
+            if ours:
+                assert statistics == {torch.float32}
+                assert all(map(math.isfinite, evaluate(model, loader, cpu, "fp16")))
+            else:  # what train_lightning.py --strategy fsdp met after fit
+                assert statistics == {torch.float16}
+                with pytest.raises(RuntimeError, match="dtype|scalar type"):
+                    evaluate(model, loader, cpu, "fp16")
+    finally:
+        dist.destroy_process_group()

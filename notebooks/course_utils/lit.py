@@ -345,13 +345,37 @@ def strategy_refused(strategy: str, plan: LaunchPlan) -> str | None:
     return None
 
 
-def sharded_placement(strategy: str, plan: LaunchPlan, timeout: timedelta) -> dict[str, Any]:
-    """``placement_args`` for FSDP or DeepSpeed ZeRO-2: the strategy gets the plan's devices, also for one process."""
+def precision_args(strategy: str, precision: str) -> tuple[str, dict[str, Any]]:
+    """Lightning's ``precision=`` and what ``strategy`` is given for it, from the course's resolved ``precision``
+    (fp32, bf16 or fp16: :func:`course_utils.precision.resolve_precision` decides it from the hardware).
+
+    FSDP keeps the weights and the buffers (BatchNorm's running statistics) in fp32 whatever the precision;
+    autocast, from Lightning's precision plugin, does the bf16/fp16 math, as under DDP. Left to Lightning 2.6,
+    "16-mixed" and "bf16-mixed" cast the parameters *and the buffers* to fp16/bf16
+    (``FSDPPrecision.mixed_precision_config``), and ``summon_full_params`` restores only the parameters to
+    fp32: the evaluation after ``fit`` met batch norm with fp16 statistics and fp32 weights, a type error.
+    Buffers alone in fp32 will not do: batch norm takes its weights and statistics in one dtype. The price:
+    FSDP gathers and reduces fp32 (twice fp16's bytes), as DDP all-reduces fp32 gradients under autocast.
+    """
+    if precision not in LIGHTNING_PRECISION:
+        raise ValueError(f"precision {precision!r}: resolve it first (one of {', '.join(LIGHTNING_PRECISION)})")
+    if strategy != "fsdp":
+        return LIGHTNING_PRECISION[precision], {}
+    from torch.distributed.fsdp import MixedPrecision
+
+    fp32 = torch.float32
+    return LIGHTNING_PRECISION[precision], {
+        "mixed_precision": MixedPrecision(param_dtype=fp32, reduce_dtype=fp32, buffer_dtype=fp32)}
+
+
+def sharded_placement(strategy: str, plan: LaunchPlan, timeout: timedelta, **strategy_kwargs: Any) -> dict[str, Any]:
+    """``placement_args`` for FSDP or DeepSpeed ZeRO-2: the strategy gets the plan's devices, also for one process
+    (and ``strategy_kwargs``: :func:`precision_args`'s)."""
     devices = [torch.device(d) for d in plan.parallel_devices] or [plan.device]
-    if strategy == "fsdp":
-        made = FSDPStrategy(parallel_devices=devices, timeout=timeout)  # FULL_SHARD: ZeRO-3's layout
+    if strategy == "fsdp":  # FULL_SHARD: ZeRO-3's layout
+        made = FSDPStrategy(parallel_devices=devices, timeout=timeout, **strategy_kwargs)
     else:
-        made = DeepSpeedStrategy(stage=2, parallel_devices=devices, timeout=timeout)
+        made = DeepSpeedStrategy(stage=2, parallel_devices=devices, timeout=timeout, **strategy_kwargs)
     return {"accelerator": plan.accelerator, "devices": "auto", "num_nodes": plan.num_nodes, "strategy": made}
 
 
@@ -368,14 +392,14 @@ def full_weights(trainer: L.Trainer) -> contextlib.AbstractContextManager:
 def make_trainer(config: TrainConfig, plan: LaunchPlan, strategy: str = "ddp") -> L.Trainer:
     """A ``lightning.Trainer`` for ``config``: DDP with the course's timeout (or ``strategy``: FSDP,
     DeepSpeed ZeRO-2, see :func:`strategy_refused`), TensorBoard, checkpoints, requeue."""
-    precision = resolve_precision(config.precision, plan.device)
+    lightning_precision, precision_kwargs = precision_args(strategy, resolve_precision(config.precision, plan.device))
     set_tf32(config.tf32)
     timeout = timedelta(seconds=collective_timeout_s())
     if strategy == "ddp":
         placement = placement_args(plan, DDPStrategy, timeout=timeout, bucket_cap_mb=config.bucket_cap_mb,
                                    gradient_as_bucket_view=config.grad_as_bucket_view)  # DDP only with several ranks
     else:
-        placement = sharded_placement(strategy, plan, timeout)
+        placement = sharded_placement(strategy, plan, timeout, **precision_kwargs)
     callbacks: list[L.Callback] = [ThroughputCallback(config.untimed_steps)]
     if config.ckpt_dir:
         # last.ckpt at the end of each epoch, or every N optimiser steps with --ckpt-every-steps (Lightning takes
@@ -389,7 +413,7 @@ def make_trainer(config: TrainConfig, plan: LaunchPlan, strategy: str = "ddp") -
         plugins.append(SLURMEnvironment(auto_requeue=False))
     return L.Trainer(
         **placement,
-        precision=LIGHTNING_PRECISION[precision], max_epochs=config.epochs,
+        precision=lightning_precision, max_epochs=config.epochs,
         limit_train_batches=config.steps_per_epoch or 1.0, accumulate_grad_batches=config.grad_accum,
         benchmark=config.cudnn_benchmark, log_every_n_steps=config.log_every,
         logger=TensorBoardLogger(config.log_dir, name="", version="") if config.log_dir else False,
