@@ -10,7 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils.data import INFO, make_synthetic
-from course_utils.data.shards import ShardDataset, raw_images, read_manifest, read_shard, write_shards
+from course_utils.data.shards import (ShardDataset, batches_of_worker, per_shard_for, raw_images, read_manifest,
+                                     read_shard, reader_spans, write_shards)
 from course_utils.paths import REPO_ROOT
 
 MNIST_DIR = REPO_ROOT.parent / "shared" / "data" / "mnist-t10k"
@@ -58,7 +59,7 @@ def test_a_resumed_epoch_goes_on_where_it_stopped_and_decodes_no_sample_twice(sh
     for rank in (0, 1):
         whole, _ = batches(rank, workers=2)
         resumed, _ = batches(rank, workers=2, skip=5)
-        assert resumed == whole[5:] and len(whole) == 16, (rank, len(whole))
+        assert resumed == whole[5:] and len(whole) == 15, (rank, len(whole))  # 120 samples a rank
     whole, _ = batches(0, workers=0)
     tail, ds = batches(0, workers=0, skip=5)
     assert tail == whole[5:]
@@ -74,13 +75,67 @@ def test_samples_come_back_as_written(shards):
     assert x.dtype == torch.float32 and x.shape == images.shape[1:]
 
 
-def test_a_layout_that_cannot_be_dealt_out_evenly_says_how_to_fix_it(shards, tmp_path):
-    folder, images, labels = shards
-    with pytest.raises(ValueError, match="cannot be dealt out evenly to 3 rank.s. x 1 worker.s.: write a multiple of 3"):
-        _keys(folder, 0, 3, 0, workers=0)
-    write_shards(images[:70], labels[:70], tmp_path, per_shard=30)  # 30, 30, 10
-    with pytest.raises(ValueError, match="differ in size"):
-        _keys(tmp_path, 0, 3, 0, workers=0)
+@pytest.mark.parametrize("samples, world", [(50_000, 4), (50_000, 8), (10_000, 4), (10_000, 8), (10_001, 3)])
+def test_any_number_of_samples_is_dealt_to_any_ranks_and_workers_with_equal_steps(samples, world):
+    """CIFAR-10's 50,000 images (50 shards of 1,000) and notebook 10's 10,000 (40 shards, the last of 16)
+    on FT3's 4 ranks and Frontera's 8, with 1-4 workers each: the spans cover the stream once, every rank
+    makes the same number of batches, and each worker reads exactly what its batches hold in the order a
+    DataLoader takes them (batch i from worker i mod workers)."""
+    for workers in (1, 2, 3, 4):
+        for batch in (1, 64, 256):
+            spans = reader_spans(samples, world, workers, batch)
+            flat = [span for rank in spans for span in rank]
+            assert flat[0][0] == 0 and all(a[1] == b[0] for a, b in zip(flat, flat[1:])), "consecutive, no overlap"
+            assert flat[-1][1] == samples - samples % world, "all but the remainder, fewer than the ranks"
+            per_rank = samples // world
+            steps = -(-per_rank // batch)
+            for rank in spans:
+                assert sum(b - a for a, b in rank) == per_rank
+                for worker, (a, b) in enumerate(rank):
+                    mine = batches_of_worker(steps, worker, workers)
+                    last = steps and (steps - 1) % workers == worker
+                    assert b - a == mine * batch - (steps * batch - per_rank if last else 0)
+
+
+def test_fifty_shards_train_on_four_ranks_by_two_workers_and_a_short_last_shard_on_three(tmp_path):
+    """Real readers (DataLoader worker processes): 50 shards over 4 ranks x 2 workers, every sample once
+    and every rank the same number of batches; 10 shards of 7 and one of 3 over 3 ranks x 2 workers, each
+    sample at most once, the remainder (73 mod 3 = 1) left for the next epoch, equal steps."""
+    def epoch(folder, world, workers, batch):
+        per_rank = []
+        for rank in range(world):
+            ds = ShardDataset(folder, *STATS, rank=rank, world=world, keys=True)
+            ds.set_epoch(0, batch_size=batch)
+            per_rank.append([list(keys) for keys, _, _ in DataLoader(ds, batch_size=batch, num_workers=workers)])
+        return per_rank
+
+    images, labels = make_synthetic(200, seed=5)
+    write_shards(images, labels, tmp_path / "fifty", per_shard=4)
+    per_rank = epoch(tmp_path / "fifty", 4, 2, 8)
+    keys = Counter(k for rank in per_rank for batch in rank for k in batch)
+    assert len(keys) == 200 and set(keys.values()) == {1}
+    assert [len(rank) for rank in per_rank] == [7] * 4, "50 samples a rank: 7 batches of 8 (the last of 2)"
+    write_shards(images[:73], labels[:73], tmp_path / "short", per_shard=7)  # 7 x 10, then 3
+    per_rank = epoch(tmp_path / "short", 3, 2, 5)
+    keys = Counter(k for rank in per_rank for batch in rank for k in batch)
+    assert len(keys) == 72 and set(keys.values()) == {1}
+    assert [len(rank) for rank in per_rank] == [5] * 3
+
+
+def test_the_shard_size_suits_the_data_set():
+    """CIFAR-10 (50,000 PNGs of ~2.3 KiB): 64 shards, one for each of up to 64 readers; a small set: 100 a
+    shard; ImageNet-sized JPEGs (~110 KiB): shards stay under 256 MiB."""
+    assert per_shard_for(50_000, 3_600) == 782 and -(-50_000 // 782) == 64
+    assert per_shard_for(512, 3_600) == 100 and per_shard_for(40, 3_600) == 40
+    big = per_shard_for(1_281_167, 110 * 2**10)
+    assert big * 110 * 2**10 <= 256 * 2**20 < (big + 1) * 110 * 2**10
+
+
+def test_a_corrupt_manifest_is_named_with_what_to_do(shards, tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shards.json").write_text("")
+    with pytest.raises(ValueError, match=r"train/shards.json is not a shard manifest.*--out " + str(tmp_path)):
+        ShardDataset(tmp_path / "train", *STATS)
 
 
 def test_the_command_line_writes_shards_and_a_missing_data_set_is_one_line(tmp_path):

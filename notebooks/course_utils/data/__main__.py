@@ -1,5 +1,5 @@
 """Command line: ``python -m course_utils.data download cifar10 --root DIR`` (on a login node);
-``python -m course_utils.data shard synthetic --out DIR --per-shard 1000`` (tar shards, notebook 10)."""
+``python -m course_utils.data shard synthetic --out DIR`` (tar shards, notebook 10)."""
 
 from __future__ import annotations
 
@@ -25,27 +25,33 @@ def main(argv: list[str] | None = None) -> int:
                                      "train.py --dataset shards --data-root OUT)")
     p.add_argument("name", choices=("synthetic", "mnist-idx", "cifar10", "mnist"))
     p.add_argument("--out", type=Path, required=True, help="folder for train/ and val/, each with shards.json")
-    p.add_argument("--per-shard", type=int, default=1000, help="samples per shard (default: 1000)")
+    p.add_argument("--per-shard", type=int, default=None,
+                   help="samples per shard (default: chosen for the data set, and printed; any size trains on any "
+                        "number of ranks and workers)")
     p.add_argument("-n", type=int, default=None, help="only the first N training images (synthetic: how many to draw)")
     p.add_argument("--n-val", type=int, default=None, help="only the first N validation images (mnist-idx has none)")
     p.add_argument("--root", type=Path, default=default_data_root(),
                    help="where the data set is (default: $COURSE_DATA or the repo's data/)")
     args = parser.parse_args(argv)
     if args.command == "shard":
-        from .shards import raw_images, write_shards
+        from .shards import per_shard_for, raw_images, tar_bytes_per_sample, write_shards
 
         splits = ("train",) if args.name == "mnist-idx" else ("train", "val")
         for split in splits:
             try:
                 images, labels = raw_images(args.name, args.root, args.n if split == "train" else args.n_val,
                                             split=split)
-                manifest = write_shards(images, labels, args.out / split, args.per_shard, source=args.name)
+                per_shard = args.per_shard or per_shard_for(len(images), tar_bytes_per_sample(images))
+                manifest = write_shards(images, labels, args.out / split, per_shard, source=args.name)
             except (DatasetMissingError, ValueError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1
-            size = sum(s["bytes"] for s in manifest["shards"])
-            print(f"{split}: {manifest['samples']} images of {args.name} in {len(manifest['shards'])} shard(s) of "
-                  f"{args.per_shard}, {size / 2**20:.1f} MiB, in {args.out / split}")
+            size, counts = sum(s["bytes"] for s in manifest["shards"]), [s["samples"] for s in manifest["shards"]]
+            why = "" if args.per_shard else (" (chosen for the data set: 64 shards or more where it allows, at least "
+                                             "100 samples and at most 256 MiB each; --per-shard sets it)")
+            short = f", the last of {counts[-1]}" if counts[-1] != per_shard else ""
+            print(f"{split}: {manifest['samples']} images of {args.name} in {len(counts)} shard(s) of {per_shard}{short}, "
+                  f"{size / 2**20:.1f} MiB, in {args.out / split}{why}")
         if splits == ("train",):
             print(f"no val/: {args.name} has no validation split. train.py --dataset shards needs one: shard mnist "
                   "or cifar10 (python -m course_utils.data download ... on a login node) to train from shards")

@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
 from .. import dist as cdist
+from .shards import ShardDataset
 
 
 def make_loader(
@@ -37,6 +38,8 @@ def make_loader(
     streamed = isinstance(dataset, IterableDataset)  # shards: the dataset deals itself out (set_epoch)
     if streamed:
         persistent_workers = False  # each worker's copy of the dataset must see every set_epoch
+        if isinstance(dataset, ShardDataset):
+            dataset.batch_size = batch_size  # its readers' spans follow the batches (set_epoch keeps it up to date)
     elif shuffle or world > 1:
         sampler = ResumableSampler(
             dataset, num_replicas=world, rank=index, shuffle=shuffle, seed=seed,

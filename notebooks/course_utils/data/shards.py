@@ -78,6 +78,26 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+MIN_PER_SHARD, READERS_PLANNED, MAX_SHARD_BYTES = 100, 64, 256 * 2**20
+
+
+def per_shard_for(samples: int, bytes_per_sample: float) -> int:
+    """A shard size that suits a data set: at least 64 shards where the set allows it, so that up to
+    64 readers (ranks x workers: 8 of Frontera's nodes x 4 GPUs x 2 workers) each start on a shard of
+    their own; no fewer than 100 samples a shard, so that an open is paid for by many reads; and no
+    shard over 256 MiB, so that a shard is never a large part of a node-local disk or of a reader's
+    epoch. Any size trains on any number of readers (:func:`reader_spans`); this only makes it cheap."""
+    size = max(MIN_PER_SHARD, -(-samples // READERS_PLANNED))
+    return max(1, min(size, int(MAX_SHARD_BYTES // max(bytes_per_sample, 1.0)), samples))
+
+
+def tar_bytes_per_sample(images: torch.Tensor) -> float:
+    """About what one sample costs in a shard: its PNG, measured on up to 32 images, and two tar headers
+    with the padding of the members to 512 bytes."""
+    sizes = [len(_png(image)) for image in images[:32]]
+    return sum(sizes) / max(len(sizes), 1) + 3 * 512
+
+
 def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, per_shard: int,
                  source: str = "synthetic") -> dict:
     """Write ``images`` (``uint8 [N, C, H, W]``) and ``labels`` as shards of ``per_shard`` samples in
@@ -113,7 +133,14 @@ def read_manifest(folder: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: write the shards first (python -m course_utils.data shard "
                                 f"... --out {folder})")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        manifest = exc
+    if not isinstance(manifest, dict) or not {"samples", "shards"} <= manifest.keys():
+        raise ValueError(f"{path} is not a shard manifest (it lists no samples and shards): write the shards again "
+                         f"(python -m course_utils.data shard ... --out {Path(folder).parent})")
+    return manifest
 
 
 def read_shard(path: str | Path) -> Iterator[tuple[str, torch.Tensor, int]]:
@@ -122,15 +149,18 @@ def read_shard(path: str | Path) -> Iterator[tuple[str, torch.Tensor, int]]:
         yield key, image, label
 
 
-def _read_kept(path: str | Path, keep: Callable[[int], bool] | None = None) -> Iterator[tuple[int, str, torch.Tensor, int]]:
-    """(position in the shard, key, image, label) of the samples ``keep`` accepts; the others are
-    passed over without being decoded."""
+def _read_kept(path: str | Path, keep: Callable[[int], bool] | None = None,
+               until: int | None = None) -> Iterator[tuple[int, str, torch.Tensor, int]]:
+    """(position in the shard, key, image, label) of the samples ``keep`` accepts, up to position
+    ``until``; the others are passed over without being decoded."""
     from PIL import Image
 
     pending: dict[str, dict[str, bytes]] = {}
     position = 0
     with tarfile.open(path, "r") as tar:  # read front to back: one open, one sequential stream
         for member in tar:
+            if until is not None and position >= until:
+                break  # the rest of the shard is another reader's
             key, _, kind = member.name.partition(".")
             pending.setdefault(key, {})[kind] = tar.extractfile(member).read()
             if {"png", "cls"} <= pending[key].keys():
@@ -166,18 +196,47 @@ def batches_of_worker(batches: int, worker: int, workers: int) -> int:
     return max(0, -(-(batches - worker) // workers))
 
 
+def reader_spans(samples: int, world: int, workers: int, batch_size: int) -> list[list[tuple[int, int]]]:
+    """Where each reader's samples lie in an epoch's stream of ``samples``: ``[rank][worker] = (start, stop)``.
+
+    Each rank takes ``samples // world`` consecutive samples (every rank the same number, so DDP's ranks
+    take the same steps; the ``samples % world`` at the stream's end, fewer than the ranks, wait for the
+    next epoch, as with ``DistributedSampler(drop_last=True)``). A rank's samples make ``ceil(n / batch)``
+    batches, the last possibly short; worker w makes batches w, w + workers, ... (the order a DataLoader
+    takes them in), so it reads as many consecutive samples as those batches hold. Any number of shards
+    of any sizes is dealt this way: a reader's span may start or end inside a shard."""
+    if world < 1 or workers < 1 or batch_size < 1:
+        raise ValueError("world, workers and batch_size must be at least 1")
+    per_rank = samples // world
+    batches = -(-per_rank // batch_size)
+    last = per_rank - (batches - 1) * batch_size if batches else 0
+    spans = []
+    for rank in range(world):
+        start, mine = rank * per_rank, []
+        for worker in range(workers):
+            count = batches_of_worker(batches, worker, workers) * batch_size
+            if batches and (batches - 1) % workers == worker:
+                count -= batch_size - last  # this worker makes the rank's last, short batch
+            mine.append((start, start + count))
+            start += count
+        spans.append(mine)
+    return spans
+
+
 class ShardDataset(IterableDataset):
-    """The samples of the shards in ``folder``, each read once per epoch across every rank and worker.
+    """The samples of the shards in ``folder``, each read at most once per epoch across every rank and worker.
 
     ``rank``/``world`` default to the process group's (one process: 0 and 1). The shard list is
     shuffled by (``seed``, epoch) the same way in every process (``set_epoch``, as for a
-    DistributedSampler), then dealt out to the ``world`` x ``workers`` readers. Their number must
-    divide the number of shards, so that every rank reads as many samples per epoch as the others (a
-    rank with fewer batches would leave the others waiting in DDP's all-reduce). ``buffer`` > 1 mixes
-    the samples of a reader's shards through a shuffle buffer of that size (:func:`emission_order`).
+    DistributedSampler); the samples of the shards in that order form the epoch's stream, which
+    :func:`reader_spans` deals out to the ``world`` x ``workers`` readers in consecutive spans, so any
+    number of shards, of any sizes, trains on any number of ranks and workers, every rank taking the same
+    number of steps. A reader opens only the shards its span touches, and decodes only its own samples.
+    ``buffer`` > 1 mixes a reader's samples through a shuffle buffer of that size (:func:`emission_order`).
     Images come out as float, normalised by ``mean``/``std``; with ``keys`` each sample also carries
-    its key. In a DataLoader, do not keep workers alive across epochs (``persistent_workers``): each
-    worker holds a copy of the dataset, which a later :meth:`set_epoch` would not reach.
+    its key. The batch size comes with :meth:`set_epoch` (``make_loader`` passes it); in a DataLoader, do
+    not keep workers alive across epochs (``persistent_workers``): each worker holds a copy of the
+    dataset, which a later :meth:`set_epoch` would not reach.
     """
 
     def __init__(self, folder: str | Path, mean: tuple[float, ...], std: tuple[float, ...], seed: int = 0,
@@ -195,30 +254,41 @@ class ShardDataset(IterableDataset):
             initialized = dist.is_available() and dist.is_initialized()
             rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
         self.rank, self.world = rank, world
+        if self.manifest["samples"] < world:
+            raise ValueError(f"{self.folder} holds {self.manifest['samples']} samples, fewer than the {world} ranks: "
+                             "write more (python -m course_utils.data shard -n N) or use fewer ranks")
 
     def set_epoch(self, epoch: int, skip_batches: int = 0, batch_size: int = 1) -> None:
-        """Read epoch ``epoch``, after the first ``skip_batches`` batches of ``batch_size`` (a resumed
+        """Read epoch ``epoch`` in batches of ``batch_size``, after the first ``skip_batches`` (a resumed
         mid-epoch checkpoint): the shards those batches came from are not opened again, and no sample
         they held is decoded again."""
         self.epoch, self.skip_batches, self.batch_size = epoch, skip_batches, batch_size
 
     def __len__(self) -> int:
-        """Samples per rank and epoch (the layout is even: :meth:`shards_for`)."""
+        """Samples per rank and epoch (:func:`reader_spans`)."""
         return self.manifest["samples"] // self.world
 
-    def shards_for(self, worker: int, workers: int) -> list[str]:
-        """The shards reader (this rank, ``worker`` of ``workers``) reads this epoch."""
+    def shard_order(self) -> list[str]:
+        """This epoch's shards in stream order: the same in every reader."""
         names = [s["name"] for s in self.manifest["shards"]]
-        readers = self.world * workers
-        if len(names) % readers:
-            raise ValueError(f"{len(names)} shards in {self.folder} cannot be dealt out evenly to {self.world} "
-                             f"rank(s) x {workers} worker(s): write a multiple of {readers} shards "
-                             "(python -m course_utils.data shard ... --per-shard), or change the workers")
-        if len({s["samples"] for s in self.manifest["shards"]}) > 1:
-            raise ValueError(f"the shards in {self.folder} differ in size, so the ranks would read different "
-                             "numbers of samples: write a number of samples that --per-shard divides")
-        random.Random(f"{self.seed}-{self.epoch}").shuffle(names)  # the same order in every reader
-        return names[self.rank * workers + worker::readers]
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(names)
+        return names
+
+    def plan(self, worker: int, workers: int) -> list[tuple[str, int, int]]:
+        """What reader (this rank, ``worker`` of ``workers``) reads this epoch: (shard, first sample, stop)."""
+        sizes = {s["name"]: s["samples"] for s in self.manifest["shards"]}
+        lo, hi = reader_spans(self.manifest["samples"], self.world, workers, self.batch_size)[self.rank][worker]
+        out, start = [], 0
+        for name in self.shard_order():
+            first, stop = max(lo, start) - start, min(hi, start + sizes[name]) - start
+            if first < stop:
+                out.append((name, first, stop))
+            start += sizes[name]
+        return out
+
+    def shards_for(self, worker: int, workers: int) -> list[str]:
+        """The shards reader (this rank, ``worker`` of ``workers``) opens this epoch (whole or in part)."""
+        return [name for name, _, _ in self.plan(worker, workers)]
 
     def __iter__(self) -> Iterator:
         info = get_worker_info()
@@ -226,22 +296,21 @@ class ShardDataset(IterableDataset):
         # a DataLoader takes batch i from worker i mod workers, starting at worker 0, also in a resumed
         # epoch: the worker that starts it plays the reader whose batch comes next
         worker = (info.id + self.skip_batches) % workers if info else 0
-        names = self.shards_for(worker, workers)
-        sizes = {s["name"]: s["samples"] for s in self.manifest["shards"]}
-        order = emission_order(sum(sizes[name] for name in names), self.buffer,
+        parts = self.plan(worker, workers)
+        order = emission_order(sum(stop - first for _, first, stop in parts), self.buffer,
                                random.Random(f"{self.seed}-{self.epoch}-{self.rank}-{worker}"))
         order = order[batches_of_worker(self.skip_batches, worker, workers) * self.batch_size:]
         needed, held, next_out, start = set(order), {}, 0, 0
-        for name in names:  # read in order; hold what comes out later (at most about a buffer's worth)
-            if any(p in needed for p in range(start, start + sizes[name])):  # else: not even opened
-                for position, key, image, label in _read_kept(self.folder / name,
-                                                              keep=lambda i, s=start: s + i in needed):
+        for name, first, stop in parts:  # read in order; hold what comes out later (about a buffer's worth)
+            if any(p in needed for p in range(start, start + stop - first)):  # else: not even opened
+                keep = lambda i, s=start - first: first <= i < stop and s + i in needed  # noqa: E731
+                for position, key, image, label in _read_kept(self.folder / name, keep=keep, until=stop):
                     self.decoded += 1
-                    held[start + position] = (key, (image.float().div_(255) - self.mean) / self.std, label)
+                    held[start + position - first] = (key, (image.float().div_(255) - self.mean) / self.std, label)
                     while next_out < len(order) and order[next_out] in held:
                         yield self._out(held.pop(order[next_out]))
                         next_out += 1
-            start += sizes[name]
+            start += stop - first
 
     def _out(self, sample: tuple) -> tuple:
         key, image, label = sample
