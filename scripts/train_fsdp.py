@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from course_utils.checkpoint import ensure_writable_dir
+from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.dist import ranks_agree, ranks_per_host
@@ -106,7 +106,10 @@ losses, step, grad_bytes, first_epoch, resumed_from = [], 0, 0, 0, None
 ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
 saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
 if saved:
-    progress = load_sharded(saved, model, optimizer)  # this rank's part of the shards, whatever N wrote them
+    try:
+        progress = load_sharded(saved, model, optimizer)  # this rank's part of the shards, whatever N wrote them
+    except CheckpointError as exc:
+        sys.exit(f"error: {exc}")
     mismatch = resume_mismatch(progress["config"], cfg)
     if mismatch:
         sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")

@@ -142,6 +142,19 @@ def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden:
     return time.perf_counter() - start, module.meter["peak"]
 
 
+def microbatch_plan(schedules: list[str], wanted: list[int], stages: int) -> tuple[str | None, list[str]]:
+    """What the timing can run: a refusal when a schedule can run none of ``wanted``, else the notes on
+    the counts it leaves out (1F1B needs a micro-batch per stage)."""
+    notes = []
+    for name in schedules:
+        least = min_microbatches(name, stages)
+        if all(m < least for m in wanted):
+            return f"{name} needs at least {least} micro-batches for {stages} stages: --microbatches {least} or more", []
+        if any(m < least for m in wanted):
+            notes.append(f"{name}: m < {least} left out ({name} needs a micro-batch per stage, {stages} stages)")
+    return None, notes
+
+
 def gathered(obj: object) -> list:
     """Every rank's ``obj``, in rank order, on every rank."""
     out = [None] * dist.get_world_size()
@@ -155,7 +168,7 @@ def train(args: argparse.Namespace) -> int:
     from torch.distributed.pipelining import PipelineStage
     from tqdm.auto import tqdm
 
-    from course_utils.checkpoint import ensure_writable_dir
+    from course_utils.checkpoint import CheckpointError, ensure_writable_dir
     from course_utils.data import get_datasets, make_loader, set_epoch
     from course_utils.models import build_model
     from course_utils.rng import rng_state_json, set_rng_state_json
@@ -196,7 +209,10 @@ def train(args: argparse.Namespace) -> int:
     ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
     saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
     if saved:
-        progress = load_sharded(saved, mine, optimizer)  # each rank reads its stage's weights and state
+        try:
+            progress = load_sharded(saved, mine, optimizer)  # each rank reads its stage's weights and state
+        except CheckpointError as exc:
+            sys.exit(f"error: {exc}")
         mismatch = resume_mismatch(progress["config"], cfg)
         if progress["stages"] != stages:
             mismatch.append(f"{progress['stages']} stages -> {stages}")
@@ -250,11 +266,18 @@ def main() -> int:
     with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "train_pipeline.py", " (one pipeline stage per rank)")
         stage, stages = info.rank, info.world_size
+        wanted = sorted(args.microbatches or [1, 2, 4, 8, 16])
+        refused, notes = microbatch_plan(args.schedules, wanted, stages)  # said before anything runs
+        for line in notes:
+            cdist.print0(line)
+        if refused:
+            cdist.print0(f"error: {refused}")
+            return 2
         checks = {name: compare_with_unsplit(name, stage, stages, args.hidden, args.steps, device)
                   for name in args.schedules}
         rows = []
         for name in args.schedules:
-            for m in sorted(args.microbatches or [1, 2, 4, 8, 16]):
+            for m in wanted:
                 if m < min_microbatches(name, stages):
                     continue
                 seconds, held = time_schedule(name, m, stage, stages, args.hidden, args.compute_ms / 1000, device)

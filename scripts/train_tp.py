@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -115,6 +116,7 @@ def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[fl
     from torch import nn
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from course_utils.checkpoint import CheckpointError
     from course_utils.sharding import latest_sharded, load_sharded, save_sharded
     from course_utils.trainer import build_optimizer
 
@@ -129,7 +131,10 @@ def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[fl
     start, resumed = 0, None
     found = latest_sharded(args.ckpt_dir) if args.ckpt_dir else None
     if found is not None:
-        progress = load_sharded(found, both, opt)  # each rank reads its shards, whatever wrote them
+        try:
+            progress = load_sharded(found, both, opt)  # each rank reads its shards, whatever wrote them
+        except CheckpointError as exc:
+            sys.exit(f"error: {exc}")
         if progress["shape"] != shape:
             raise SystemExit(f"error: {found} holds blocks of {progress['shape']}, this run builds {shape}: "
                              "resume with the same shape, or point --ckpt-dir at a new folder")

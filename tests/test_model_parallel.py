@@ -39,6 +39,37 @@ def test_a_tensor_parallel_run_resumed_from_its_sharded_checkpoint_ends_where_an
     assert second["train_loss_gap"] <= 1e-5, "the unsplit blocks, checkpointed beside, still agree"
 
 
+def test_a_damaged_sharded_checkpoint_is_one_error_that_names_it_and_says_what_to_do(tmp_path, caplog):
+    """The step folder ``latest`` names holds junk metadata (a copy cut short): train_tp.py, train_fsdp.py and
+    train_pipeline.py (the same load_sharded) stop with one line, instead of DCP's UnpicklingError and
+    FileNotFoundError tracebacks printed by every rank."""
+    import torch.distributed as dist
+
+    from course_utils.checkpoint import CheckpointError
+    from course_utils.sharding import latest_sharded, load_sharded
+
+    (tmp_path / "step-2").mkdir()
+    (tmp_path / "step-2" / ".metadata").write_bytes(b"not a pickle")
+    (tmp_path / "latest").write_text("step-2")
+    model = torch.nn.Linear(2, 2)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(CheckpointError, match=f"{tmp_path / 'step-2'} cannot be read.*Remove {tmp_path / 'latest'}"):
+            load_sharded(latest_sharded(tmp_path), model, torch.optim.SGD(model.parameters(), lr=0.1))
+    finally:
+        dist.destroy_process_group()
+    assert not [r for r in caplog.records if r.exc_info], "no rank logs a traceback on the way (DCP's warnings do)"
+
+
+def test_a_schedule_asked_for_fewer_micro_batches_than_it_can_run_is_refused_before_any_work():
+    import train_pipeline
+
+    refused, _ = train_pipeline.microbatch_plan(["gpipe", "1f1b"], [2], stages=3)
+    assert refused == "1f1b needs at least 3 micro-batches for 3 stages: --microbatches 3 or more"
+    assert train_pipeline.microbatch_plan(["1f1b"], [2, 4], stages=3) == (None, ["1f1b: m < 3 left out (1f1b needs "
+                                                                                   "a micro-batch per stage, 3 stages)"])
+
+
 PIPELINE_RUN = ["--model", "mlp", "--n-train", "512", "--n-val", "256", "--batch-size", "64", "--workers", "0",
                 "--device", "cpu", "--no-progress"]
 

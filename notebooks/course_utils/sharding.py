@@ -359,12 +359,29 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.opti
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    import pickle
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from .checkpoint import CheckpointError
+
     model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
     state = {"model": model_state, "optim": optim_state, "progress": ""}
-    dcp.load(state, checkpoint_id=Path(path))  # in place, into this rank's shards
+    try:
+        # its metadata first, here: every rank reads the same file and fails alike, before dcp.load, which
+        # would print each rank's traceback of it
+        dcp.FileSystemReader(Path(path)).read_metadata()
+        dcp.load(state, checkpoint_id=Path(path))  # in place, into this rank's shards
+        progress = json.loads(state["progress"])
+    except (CheckpointException, pickle.UnpicklingError, EOFError, OSError, ValueError) as exc:
+        # DCP gathers every rank's failure into one exception on all ranks: each rank stops here, none waits
+        raise CheckpointError(
+            f"the sharded checkpoint {path} cannot be read ({type(exc).__name__}): it was not written whole or "
+            f"was damaged. Remove {Path(path).parent / 'latest'} to resume from nothing, or give another "
+            "checkpoint folder") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=_flat_options())
-    return json.loads(state["progress"])
+    return progress
 
 
 def consolidate_sharded(path: str | Path, out: str | Path) -> dict[str, torch.Tensor]:
