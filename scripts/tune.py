@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from course_utils import tuning
 from course_utils.config import add_config_args, config_from_args
@@ -99,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     left = sum(r["status"] in ("unfinished", "not started") for r in rows) + args.num_samples - len(rows)
     result["stopped"] = left > 0
     if left:  # Tune stopped on a signal (Slurm's warning, Ctrl+C) and saved the search
-        print(f"search stopped with {left} trial(s) left: run the same command again (same --storage and --name) "
-              f"and it resumes from {grid.experiment_path}", flush=True)
+        again = f"run the same command again (same --storage and --name) and it resumes from {grid.experiment_path}"
+        run_dir = os.environ.get("RUN_DIR")  # a Slurm job's folder (slurm/lib/course_job.sh); a new job gets a new one
+        if run_dir and os.environ.get("SLURM_JOB_ID") and \
+                Path(grid.experiment_path).is_relative_to(Path(run_dir).resolve()):
+            again = (f"a requeued job resumes it from {grid.experiment_path}, and so does a new job submitted with "
+                     f"COURSE_RUN_NAME={Path(run_dir).name} (and the same TRAIN_ARGS)")
+        print(f"search stopped with {left} trial(s) left: {again}", flush=True)
     elif args.held_out and result["trials"] > result["errored"]:
         best = grid.get_best_result(metric=tuning.METRIC, mode=tuning.MODE, scope="all")
         result["held_out_loss"], result["held_out_acc"] = tuning.held_out_score(best, args.held_out)

@@ -385,3 +385,120 @@ def test_scripts_pass_shellcheck():
     out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SCRIPTS + libs)],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stdout
+
+
+def test_the_command_a_cell_prints_without_submit_is_the_one_it_would_submit(monkeypatch):
+    """Notebooks 04-06 print slurm.command_line(...) where the learner has not set SUBMIT = True: pasted, it must queue
+    the cell's short job (its --time), not the script's own request (FT3's multi_node_srun: 2 nodes for 30 minutes)."""
+    import shlex
+
+    submitted = []
+    monkeypatch.setattr(slurm, "sbatch", lambda script, *options, env=None: submitted.append(list(options)) or 1)
+    script = REPO_ROOT / "slurm" / "ft3" / "multi_node_srun.sbatch"
+    env = {"TRAIN_ARGS": "--model cnn --epochs 2"}
+    with slurm.Submissions() as jobs:
+        jobs.sbatch(script, env=env)
+    (options,) = submitted
+    expected = ["TRAIN_ARGS=--model cnn --epochs 2", "sbatch", *options, "slurm/ft3/multi_node_srun.sbatch"]
+    assert shlex.split(slurm.command_line(script, env=env)) == expected
+    assert shlex.split(jobs.command_line(script, env=env)) == expected
+    assert f"--time={slurm.TIME_LIMIT}" in options and slurm.sbatch_options(script)["--time"] != slurm.TIME_LIMIT
+
+
+def _course_job(tmp_path: Path, job_id: str, **env: str) -> subprocess.CompletedProcess:
+    """What the Ray pattern's batch shell computes, without Slurm: RUN_DIR, then tune.py's argv as the script passes it."""
+    shell = ('source slurm/lib/course_job.sh && course_flags "$RUN_DIR" && '
+             'printf "%s\\n" "$RUN_DIR" "${TRAIN_ARGV[@]}" "${COURSE_ARGV[@]}"')
+    return subprocess.run(["bash", "-c", shell], capture_output=True, text=True, cwd=REPO_ROOT, env={
+        "PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "ft3-multi-node-ray",
+        "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(REPO_ROOT), "COURSE_RUNS": str(tmp_path),
+        "TRAIN_SCRIPT": "scripts/tune.py", "TRAIN_ARGS": "--num-samples 4", **env})
+
+
+def test_a_resubmitted_ray_search_finds_its_folder_and_keeps_a_storage_of_your_own(tmp_path):
+    """A resubmission is a new job id: COURSE_RUN_NAME names the folder, so the new job's tune.py resumes the search
+    saved there; a --storage in TRAIN_ARGS is the one tune.py gets (the course's comes last and would win)."""
+    spec = importlib.util.spec_from_file_location("tune_script", REPO_ROOT / "scripts" / "tune.py")
+    tune_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune_script)
+
+    def job(job_id: str, **env: str) -> tuple[str, object]:
+        out = _course_job(tmp_path, job_id, **env)
+        assert out.returncode == 0, out.stderr
+        run_dir, *argv = out.stdout.splitlines()
+        return run_dir, tune_script.build_parser().parse_args(argv)
+
+    first, second = job("101"), job("202")
+    assert first[0] != second[0], "without a name, each job has its own folder"
+    first, second = job("101", COURSE_RUN_NAME="my-search"), job("202", COURSE_RUN_NAME="my-search")
+    assert first[0] == second[0] == str(tmp_path / "my-search")
+    assert first[1].storage == second[1].storage == str(tmp_path / "my-search" / "tune")
+    assert (first[1].num_samples, first[1].nodes) == (4, 2)
+    _, own = job("303", TRAIN_ARGS=f"--num-samples 4 --storage {tmp_path / 'mine'}")
+    assert own.storage == str(tmp_path / "mine") and own.nodes == 2, "the user's --storage, the course's --nodes"
+    refused = _course_job(tmp_path, "404", COURSE_RUN_NAME="a/b")
+    assert refused.returncode == 2 and "is a folder name under COURSE_RUNS" in refused.stderr
+
+
+FAKE_RAY = """#!/bin/bash
+# `ray start` as Ray 2.60 does it when the dashboard agent misses the raylet's 15 s: fails FAKE_RAY_FAILS times on a node
+count="$FAKE_RAY_DIR/calls"; n=$(( $(cat "$count" 2>/dev/null || echo 0) + 1 )); echo "$n" > "$count"
+while [[ "$1" != --temp-dir ]]; do shift; done
+if (( n <= FAKE_RAY_FAILS )); then
+    mkdir -p "$2/session_latest/logs"
+    echo "[2026-11-25 08:08:20,580 C 4884 4884] (raylet) node_manager.cc:3588:  An unexpected system state has occurred." \\
+         "Check failed: statusor.has_value() Timed out waiting for file $2/session_x/dashboard_agent_listen_port_0a1b" \\
+         > "$2/session_latest/logs/raylet.out"
+    echo "Exception: The current node timed out during startup."
+    exit 1
+fi
+echo "Ray runtime started."
+"""
+# the warm-up import of Ray's agents (`python -`) is skipped: the fake ray needs no agent
+FAKE_PYTHON = """#!/bin/bash
+if [[ "$1" == - ]]; then cat > /dev/null; exit 0; fi
+exec {python} "$@"
+"""
+
+
+def test_ray_node_keeps_trying_with_back_off_until_its_bound_then_says_what_failed(tmp_path):
+    """slurm/lib/ray_node.sh against a fake `ray start` that fails as Ray 2.60's does when the dashboard agent is late
+    (a busy node): the head tries again, waiting longer each time, and joins at its 4th try (3 tries used to be all);
+    a node that never starts ends within RAY_START_TIMEOUT with one line naming the node, the raylet's fatal line
+    and its log. (A real agent slowed on purpose costs 16 s a failed try: too much for the suite.)"""
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(FAKE_RAY)
+    (bin_dir / "python").write_text(FAKE_PYTHON.format(python=sys.executable))
+    for fake in bin_dir.iterdir():
+        fake.chmod(0o755)
+    runs = {}
+    for name, fails, bound in (("joins", 3, 60), ("never", 1000, 3)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "joined").mkdir()
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": f"t{os.getpid()}{name}", "SLURM_CPUS_PER_TASK": "1",
+               "RAY_JOINED_DIR": str(tmp_path / name / "joined"), "FAKE_RAY_DIR": str(tmp_path / name),
+               "FAKE_RAY_FAILS": str(fails), "RAY_START_TIMEOUT": str(bound), "RAY_START_BACKOFF_S": "1"}
+        runs[name] = subprocess.Popen(["bash", str(REPO_ROOT / "slurm" / "lib" / "ray_node.sh"), "head", "6379"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.monotonic()
+    out = {name: proc.communicate(timeout=60) for name, proc in runs.items()}
+    seconds = time.monotonic() - start
+    node = os.uname().nodename.split(".")[0]
+    try:
+        stdout, stderr = out["joins"]
+        assert (tmp_path / "joins" / "joined" / node).exists(), stdout + stderr
+        assert "try 4" in stdout and [line.rsplit("next try in ", 1)[1] for line in stdout.splitlines()
+                                      if "next try in" in line] == ["1 s", "2 s", "4 s"], stdout
+        assert "failed (Timed out waiting for file" in stdout, stdout
+        stdout, stderr = out["never"]
+        assert runs["never"].returncode == 1 and not any((tmp_path / "never" / "joined").iterdir())
+        (error,) = stderr.strip().splitlines()
+        assert error.startswith(f"error: Ray's head on {node} did not start in ") and "RAY_START_TIMEOUT=3" in error
+        assert "Timed out waiting for file" in error and f"/tmp/ray-t{os.getpid()}never-{node}/session_latest" in error
+        assert seconds < 20, f"the bound is 3 s, the back-off 1 s doubling: {seconds:.0f} s"
+    finally:
+        for name in runs:
+            shutil.rmtree(f"/tmp/ray-t{os.getpid()}{name}-{node}", ignore_errors=True)

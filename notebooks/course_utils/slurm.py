@@ -85,12 +85,18 @@ def script_for(pattern: str, site: str | None = None) -> Path:
     return script
 
 
-def command_line(script: str | Path, *options: str, env: dict[str, str] | None = None) -> str:
-    """The shell command that submits ``script`` as :func:`sbatch` would (shown where a cell may not submit)."""
+TIME_LIMIT = "00:15:00"  # a notebook cell's jobs are minutes long: never the hours a script asks for itself
+
+
+def command_line(script: str | Path, *options: str, env: dict[str, str] | None = None,
+                 time_limit: str | None = TIME_LIMIT) -> str:
+    """The shell command that submits ``script`` as a cell's :class:`Submissions` would, its time limit included
+    (shown where a cell may not submit: pasted, it must queue the cell's short job, not the script's own request)."""
     path = Path(script)
     shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
     assignments = [f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()]
-    return " ".join([*assignments, "sbatch", *options, str(shown)])
+    added = [f"--time={time_limit}"] if time_limit else []
+    return " ".join([*assignments, "sbatch", *added, *map(shlex.quote, options), str(shown)])
 
 
 class Submissions:
@@ -99,9 +105,10 @@ class Submissions:
 
         with slurm.Submissions(time_limit="00:15:00") as jobs:
             job = jobs.sbatch(script, env={...})
+        print(jobs.command_line(script, env={...}))   # the same submission, as a command to paste
     """
 
-    def __init__(self, time_limit: str = "00:15:00"):
+    def __init__(self, time_limit: str = TIME_LIMIT):
         self.time_limit = time_limit
         self.ids: list[int] = []
 
@@ -109,6 +116,10 @@ class Submissions:
         job = sbatch(script, f"--time={self.time_limit}", *options, env=env)
         self.ids.append(job)
         return job
+
+    def command_line(self, script: str | Path, *options: str, env: dict[str, str] | None = None) -> str:
+        """What :meth:`sbatch` would submit, as a shell command."""
+        return command_line(script, *options, env=env, time_limit=self.time_limit)
 
     def __enter__(self) -> "Submissions":
         return self

@@ -6,7 +6,8 @@
 #                      train_tp.py: --tp-size GPUS_PER_NODE); empty for any other TRAIN_SCRIPT
 #   course_run_requeueable  run training so that Slurm's warning signal checkpoints and requeues
 #   TRAIN_SCRIPT       what to run: the course's scripts/train.py unless set; TRAIN_ARGS its flags
-#   RUN_DIR            a folder per job under COURSE_RUNS, created here (exported: your script may use it)
+#   RUN_DIR            a folder per job under COURSE_RUNS, created here (exported: your script may use it);
+#                      COURSE_RUN_NAME=NAME makes it COURSE_RUNS/NAME, so a resubmitted job finds what the last saved
 #   SRUN_CPUS_PER_TASK every srun task gets the job's --cpus-per-task (Slurm >= 22.05 needs this)
 # The scripts themselves only choose resources and a launch pattern.
 
@@ -70,19 +71,28 @@ course_rendezvous() {
 
 # The course's train.py and train_lightning.py write checkpoints and TensorBoard logs where they
 # are told, train_deepspeed.py its ZeRO checkpoints, tune.py its search; any other script gets only TRAIN_ARGS (and
-# may read RUN_DIR from the environment).
+# may read RUN_DIR from the environment). A flag TRAIN_ARGS gives already is left out: COURSE_ARGV comes last on the
+# command line and a flag's last value wins, so the job's folder would replace yours (a --storage holding a search).
 # shellcheck disable=SC2034  # COURSE_ARGV is used by the scripts that source this file
 course_flags() {
     COURSE_ARGV=()
     if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_lightning.py" ]]; then
-        COURSE_ARGV=(--ckpt-dir "$1/ckpt" --log-dir "$1/tb" --no-progress)
+        _course_flag --ckpt-dir "$1/ckpt"; _course_flag --log-dir "$1/tb"; _course_flag --no-progress
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_deepspeed.py" ]]; then
-        COURSE_ARGV=(--ckpt-dir "$1/ckpt" --no-progress)   # ZeRO checkpoints; no TensorBoard in this script
+        _course_flag --ckpt-dir "$1/ckpt"; _course_flag --no-progress   # ZeRO checkpoints; no TensorBoard here
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_tp.py" && -n "${GPUS_PER_NODE:-}" ]]; then
-        COURSE_ARGV=(--tp-size "$GPUS_PER_NODE")   # tensor parallel inside each node (multi_node_2d)
+        _course_flag --tp-size "$GPUS_PER_NODE"   # tensor parallel inside each node (multi_node_2d)
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/tune.py" ]]; then
-        COURSE_ARGV=(--storage "$1/tune" --nodes "${SLURM_JOB_NUM_NODES:-1}")   # the search; every node joined
+        _course_flag --storage "$1/tune"; _course_flag --nodes "${SLURM_JOB_NUM_NODES:-1}"   # the search; every node joined
     fi
+}
+# _course_flag FLAG [VALUE]: add them to COURSE_ARGV unless TRAIN_ARGS gives FLAG already
+_course_flag() {
+    local arg
+    for arg in "${TRAIN_ARGV[@]}"; do
+        if [[ "$arg" == "$1" || "$arg" == "$1="* ]]; then return 0; fi
+    done
+    COURSE_ARGV+=("$@")
 }
 
 # Training that outlives the time limit (#SBATCH --signal=B:USR1@t --requeue): run the command in
@@ -136,7 +146,17 @@ if [[ -n "${COURSE_GPU_BIND:-}" ]]; then
 fi
 
 COURSE_RUNS="${COURSE_RUNS:-$COURSE_ROOT/runs}"
-RUN_DIR="$COURSE_RUNS/${SLURM_JOB_NAME:-job}-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"
+# A folder per job, named after it; a requeued job keeps its id, so it finds what it saved. A resubmission is a new
+# job: COURSE_RUN_NAME names the folder instead (a new one, or the one an earlier job wrote, e.g.
+# ft3-multi-node-ray-1234), so the resubmitted job resumes from it:
+#     COURSE_RUN_NAME=my-search sbatch slurm/ft3/multi_node_ray.sbatch   (or sbatch --export=ALL,COURSE_RUN_NAME=...)
+# A name, not RUN_DIR itself: every job exports RUN_DIR, and a job submitted from inside a job would inherit it.
+if [[ "${COURSE_RUN_NAME:-}" == */* ]]; then
+    echo "error: COURSE_RUN_NAME=$COURSE_RUN_NAME is a folder name under COURSE_RUNS=$COURSE_RUNS, not a path:" \
+         "give the name, and set COURSE_RUNS for another place" >&2
+    exit 2
+fi
+RUN_DIR="$COURSE_RUNS/${COURSE_RUN_NAME:-${SLURM_JOB_NAME:-job}-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}"
 if ! mkdir -p "$RUN_DIR"; then   # for any script: "a folder per job" exists before it starts
     echo "error: cannot create RUN_DIR=$RUN_DIR: set COURSE_RUNS to a folder you can write on a filesystem every node sees" >&2
     exit 2

@@ -18,12 +18,15 @@ read -r -a port < <(python -c 'import socket
 socks = [socket.socket() for _ in range(5)]
 for s in socks: s.bind(("", 0))
 print(*(s.getsockname()[1] for s in socks))')
-# Ray 2.60's raylet gives the dashboard agent it starts 15 s, hard-coded, to report its ports, and aborts
-# the node when the agent misses them (ray issue #65983: "WaitForDashboardAgentPorts"). With the
-# environment on a shared filesystem (Lustre: Frontera's $WORK, FT3's $STORE) the first import of the
-# agent's modules on a node can take longer. So: the ports are given (the raylet then waits for one file
-# instead of three), the runtime-env agent gets 5 minutes, the agent's imports are read once before Ray
-# starts, and a start that still fails is tried again (each try finds more of the files cached).
+# Ray 2.60's raylet gives the dashboard agent it starts 15 s, hard-coded, to write the file naming its HTTP port
+# (dashboard_agent_listen_port_<node id>), and aborts the node when the file is late ("Timed out waiting for file" in
+# NodeManager::WaitForDashboardAgentPorts: ray issue #65983); `ray start` says only "The current node timed out during
+# startup", some seconds later. The agent is a new Python process: its first import on a node with the environment on
+# a shared filesystem (Lustre: Frontera's $WORK, FT3's $STORE), or any start on a node busy with other jobs, can take
+# longer. So: the agent's other ports are given (the raylet then waits for that one file only), the runtime-env agent
+# gets 5 minutes (a setting, unlike the 15 s), the agents' imports are read once before Ray starts, and a start that
+# still fails is tried again after a wait that doubles (5 s, 10 s, ... at most 60 s), for as long as RAY_START_TIMEOUT
+# (seconds since this step began, default 600) allows: a busy spell passes, and each try finds more files cached.
 export RAY_agent_register_timeout_ms="${RAY_agent_register_timeout_ms:-300000}"
 args=(--block --temp-dir "$temp" --num-cpus "${SLURM_CPUS_PER_TASK:-1}" --disable-usage-stats
       --node-ip-address "$(python -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')"
@@ -51,8 +54,12 @@ if [[ "$role" == worker && -n "${RAY_JOINED_DIR:-}" ]]; then
     # started beside the head, so the imports above were read on every node at once: now join a head that is up
     until [[ -n "$(find "$RAY_JOINED_DIR" -mindepth 1 -print -quit)" ]]; do sleep 0.5; done
 fi
-for attempt in 1 2 3; do
-    echo "ray $role on $node (try $attempt of 3); temporary files in $temp"
+RAY_START_TIMEOUT="${RAY_START_TIMEOUT:-600}"
+deadline=$((SECONDS + RAY_START_TIMEOUT))   # the same for the workers, whose wait for the head counts too
+wait_s="${RAY_START_BACKOFF_S:-5}"
+log="$temp/session_latest/logs/raylet.out"
+for attempt in {1..100}; do   # the deadline ends the tries long before the hundredth
+    echo "ray $role on $node (try $attempt, for up to ${RAY_START_TIMEOUT} s in all); temporary files in $temp"
     started=0
     # ray start prints "Ray runtime started" once this node has registered with the head, then blocks
     while IFS= read -r line; do
@@ -65,8 +72,16 @@ for attempt in 1 2 3; do
     if (( started )); then
         exit 1   # a running Ray ended by itself: the lines above say why
     fi
+    # the raylet's fatal line says what failed (ray start's own message does not): from "Check failed:" on
+    fatal="$(grep -h -m1 ' C ' "$log" 2>/dev/null | sed -e 's/.*Check failed: [^ ]* //' | cut -c1-200 || true)"
+    if (( SECONDS + wait_s > deadline )); then
+        break
+    fi
+    echo "ray $role on $node: try $attempt failed${fatal:+ ($fatal)}; next try in $wait_s s"
+    sleep "$wait_s"
+    wait_s=$((wait_s * 2 < 60 ? wait_s * 2 : 60))
 done
-fatal="$(grep -h -m1 ' C ' "$temp"/session_latest/logs/raylet.out 2>/dev/null | cut -c1-200 || true)"
-echo "error: Ray's $role on $node did not start in 3 tries; its log: $temp/session_latest/logs/raylet.out" \
-     "on $node${fatal:+ (first fatal line: $fatal)}" >&2
+echo "error: Ray's $role on $node did not start in $attempt tries over $SECONDS s (RAY_START_TIMEOUT=$RAY_START_TIMEOUT);" \
+     "its log: $log on $node${fatal:+ (first fatal line: $fatal)}. If the agent was late (\"Timed out waiting for" \
+     "file\"), the node is slow to start Python: raise RAY_START_TIMEOUT, or put the environment on node-local disk" >&2
 exit 1
