@@ -502,3 +502,13 @@ def test_ray_node_keeps_trying_with_back_off_until_its_bound_then_says_what_fail
     finally:
         for name in runs:
             shutil.rmtree(f"/tmp/ray-t{os.getpid()}{name}-{node}", ignore_errors=True)
+
+
+def test_fsdp2_through_the_deepspeed_pattern_checkpoints_to_the_job_s_folder(tmp_path):
+    """multi_node_deepspeed's comment says FSDP2 (TRAIN_SCRIPT=scripts/train_fsdp.py) runs there too, with its
+    checkpoints in the job's folder, where a resubmission with COURSE_RUN_NAME finds them."""
+    out = _course_job(tmp_path, "505", TRAIN_SCRIPT="scripts/train_fsdp.py", TRAIN_ARGS="--epochs 1",
+                      COURSE_RUN_NAME="fsdp-run")
+    assert out.returncode == 0, out.stderr
+    argv = out.stdout.splitlines()[1:]
+    assert argv[argv.index("--ckpt-dir") + 1] == str(tmp_path / "fsdp-run" / "ckpt"), argv

@@ -70,7 +70,7 @@ course_rendezvous() {
 }
 
 # The course's train.py and train_lightning.py write checkpoints and TensorBoard logs where they
-# are told, train_deepspeed.py its ZeRO checkpoints, tune.py its search; any other script gets only TRAIN_ARGS (and
+# are told, train_deepspeed.py and train_fsdp.py their sharded checkpoints, tune.py its search; any other script gets only TRAIN_ARGS (and
 # may read RUN_DIR from the environment). A flag TRAIN_ARGS gives already is left out: COURSE_ARGV comes last on the
 # command line and a flag's last value wins, so the job's folder would replace yours (a --storage holding a search).
 # shellcheck disable=SC2034  # COURSE_ARGV is used by the scripts that source this file
@@ -78,8 +78,8 @@ course_flags() {
     COURSE_ARGV=()
     if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_lightning.py" ]]; then
         _course_flag --ckpt-dir "$1/ckpt"; _course_flag --log-dir "$1/tb"; _course_flag --no-progress
-    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_deepspeed.py" ]]; then
-        _course_flag --ckpt-dir "$1/ckpt"; _course_flag --no-progress   # ZeRO checkpoints; no TensorBoard here
+    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_deepspeed.py" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_fsdp.py" ]]; then
+        _course_flag --ckpt-dir "$1/ckpt"; _course_flag --no-progress   # ZeRO's or DCP's checkpoints; no TensorBoard here
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_tp.py" && -n "${GPUS_PER_NODE:-}" ]]; then
         _course_flag --tp-size "$GPUS_PER_NODE"   # tensor parallel inside each node (multi_node_2d)
     elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/tune.py" ]]; then
