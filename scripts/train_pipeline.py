@@ -48,6 +48,7 @@ from course_utils.pipeline import (
     min_microbatches,
     mse,
     schedule_class,
+    schedule_order,
     split,
 )
 from course_utils.results import emit_result
@@ -122,8 +123,10 @@ def compare_with_unsplit(name: str, stage: int, stages: int, hidden: int, steps:
 
 
 def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden: int, compute_s: float,
-                  device: torch.device) -> tuple[float, int]:
-    """Seconds of one step (this rank's, from a common start) and the micro-batches this stage held at most."""
+                  device: torch.device) -> dict:
+    """One step on this rank, from a common start: its seconds (``step_s``), the micro-batches this stage held
+    at most (``held``), when it ran each pass (``events``: name, start, end, in seconds from the start), and
+    the seconds of the same step without the simulated compute (``bare_s``: the sends and Python alone)."""
     from torch.distributed.pipelining import PipelineStage
 
     module = Stage(split(build_mlp(hidden, 2 * stages), stages, stage).to(device))
@@ -131,15 +134,22 @@ def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden:
                                 loss_fn=mse)
     x = torch.randn(4 * microbatches, hidden, device=device)
     y = torch.randn(4 * microbatches, hidden, device=device)
+
+    def timed() -> tuple[float, float]:
+        dist.barrier()
+        start = time.perf_counter()
+        one_step(pipe, stage, stages, x, y)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return start, time.perf_counter() - start
+
     one_step(pipe, stage, stages, x, y)  # untimed, without the simulated compute: it infers the shapes sent
+    _, bare_s = timed()
     module.forward_s = compute_s
     module.reset_meter()
-    dist.barrier()
-    start = time.perf_counter()
-    one_step(pipe, stage, stages, x, y)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, module.meter["peak"]
+    start, step_s = timed()
+    events = [(pass_, round(a - start, 6), round(b - start, 6)) for pass_, a, b in module.meter["events"]]
+    return {"step_s": step_s, "held": module.meter["peak"], "events": events, "bare_s": bare_s}
 
 
 def microbatch_plan(schedules: list[str], wanted: list[int], stages: int) -> tuple[str | None, list[str]]:
@@ -280,14 +290,15 @@ def main() -> int:
             for m in wanted:
                 if m < min_microbatches(name, stages):
                     continue
-                seconds, held = time_schedule(name, m, stage, stages, args.hidden, args.compute_ms / 1000, device)
-                gathered = [None] * stages
-                dist.all_gather_object(gathered, (seconds, held))
-                step_s = max(s for s, _ in gathered)  # the step ends when the last stage is done
+                mine = time_schedule(name, m, stage, stages, args.hidden, args.compute_ms / 1000, device)
+                every = gathered(mine)
+                step_s = max(r["step_s"] for r in every)  # the step ends when the last stage is done
                 rows.append({"schedule": name, "microbatches": m, "step_s": step_s,
                              "bubble": 1 - m * 3 * args.compute_ms / 1000 / step_s,
-                             "theory": bubble_theory(stages, m), "held": [h for _, h in gathered],
-                             "held_theory": [held_theory(name, stages, m, s) for s in range(stages)]})
+                             "theory": bubble_theory(stages, m), "held": [r["held"] for r in every],
+                             "held_theory": [held_theory(name, stages, m, s) for s in range(stages)],
+                             "bare_s": max(r["bare_s"] for r in every), "events": [r["events"] for r in every],
+                             "order_theory": [schedule_order(name, stages, m, s) for s in range(stages)]})
                 cdist.print0(f"{name:5s} m={m:3d}: step {step_s:.3f} s, bubble {rows[-1]['bubble']:.2f} "
                              f"(theory {rows[-1]['theory']:.2f}), micro-batches held per stage {rows[-1]['held']}")
         all_checks = [None] * stages

@@ -191,9 +191,11 @@ def test_trials_at_once_checker(wrong):
         exercises.check_trials_at_once(wrong, MEASURED_PACKING)
 
 
-# train_pipeline.py's timed steps on 4 stages (CPU, gloo, 20 ms of simulated compute per micro-batch)
-MEASURED_BUBBLE = [{"schedule": "gpipe", "microbatches": m, "bubble": b}
-                   for m, b in ((1, 0.761), (2, 0.616), (4, 0.455), (8, 0.308), (16, 0.200))]
+# train_pipeline.py's timed steps on 4 stages (CPU, gloo, 20 ms of simulated compute per micro-batch): the bubble,
+# and the step with and without the simulated compute
+MEASURED_BUBBLE = [{"schedule": "gpipe", "microbatches": m, "bubble": b, "step_s": s, "bare_s": bare}
+                   for m, b, s, bare in ((1, 0.761, 0.251, 0.006), (2, 0.616, 0.313, 0.010), (4, 0.455, 0.458, 0.020),
+                                         (8, 0.308, 0.722, 0.031), (16, 0.200, 1.200, 0.055))]
 
 
 @pytest.mark.parametrize("wrong", [

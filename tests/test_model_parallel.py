@@ -148,7 +148,7 @@ def _timed_under_stream_waits(rank: int, init: str, results) -> None:
     torch.set_num_threads(1)
     try:
         for m in (1, 4):
-            seconds, _ = train_pipeline.time_schedule("gpipe", m, rank, 2, 16, 0.05, torch.device("cpu"))
+            seconds = train_pipeline.time_schedule("gpipe", m, rank, 2, 16, 0.05, torch.device("cpu"))["step_s"]
             stream_synchronize(None)
             step = [None, None]
             dist.all_gather_object(step, seconds)

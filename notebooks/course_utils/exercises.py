@@ -290,11 +290,12 @@ BUBBLE_CASES = {(2, 1): 0.5, (8, 32): 7 / 39, (4, 12): 0.2, (16, 1): 15 / 16, (1
 def check_bubble_fraction(bubble: Callable[[int, int], float], measured: Sequence[Mapping[str, Any]],
                           stages: int) -> None:
     """``bubble(stages, microbatches)``: the share of a pipeline step a stage waits. Judged against this
-    run's timed steps (within 0.08: sending between stages costs a little on top), then exactly against
-    layouts not run here."""
+    run's timed steps (within 0.05, plus what the sends and Python cost on top, measured apart: ``bare_s``),
+    then exactly against layouts not run here."""
     for row in measured:
         got = bubble(stages, row["microbatches"])
-        if not (math.isfinite(got) and abs(got - row["bubble"]) <= 0.08):
+        slack = 0.05 + 3 * row["bare_s"] / row["step_s"]
+        if not (math.isfinite(got) and abs(got - row["bubble"]) <= slack):
             hint = (" (p-1)/m is the bubble measured against the useful work, Megatron-LM's form; the share "
                     "of the whole step divides by the step, (m+p-1) micro-batch times") if got > 1 or \
                 abs(got - (stages - 1) / row["microbatches"]) < 1e-9 else ""

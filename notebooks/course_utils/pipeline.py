@@ -11,7 +11,7 @@ holds at most p-s).
 :class:`SimulatedWork` stands in for a stage's compute with a fixed time per micro-batch, forward
 and backward, so that the schedule's bubble is measured as the schedule makes it and not as a
 machine's cores happen to be shared; it also counts the micro-batches whose activations a stage
-holds. The stages' real layers run as well: the pipeline's losses and gradients are compared with
+holds, and records when each pass ran (the schedule drawn in notebook 09). The stages' real layers run as well: the pipeline's losses and gradients are compared with
 the unsplit model's.
 """
 
@@ -35,6 +35,21 @@ def held_theory(schedule: str, stages: int, microbatches: int, stage: int) -> in
     """Micro-batches whose activations stage ``stage`` holds at most: all of them under GPipe, under
     1F1B the ones in flight between its first forward and its first backward."""
     return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)
+
+
+def schedule_order(schedule: str, stages: int, microbatches: int, stage: int) -> list[str]:
+    """The order in which stage ``stage`` runs its passes: ``F3`` is micro-batch 3's forward, ``B3`` its
+    backward. GPipe: every forward, then every backward. 1F1B: the forwards that fill the pipeline below
+    this stage (p - s of them), then one backward and one forward in turn, then the backwards left."""
+    forwards = [f"F{i}" for i in range(microbatches)]
+    backwards = [f"B{i}" for i in range(microbatches)]
+    if schedule == "gpipe":
+        return forwards + backwards
+    warmup = min(microbatches, stages - stage)
+    order = forwards[:warmup]
+    for i in range(microbatches - warmup):
+        order += [backwards[i], forwards[warmup + i]]
+    return order + backwards[microbatches - warmup:]
 
 
 def schedule_class(name: str) -> type:
@@ -63,10 +78,13 @@ class SimulatedWork(torch.autograd.Function):
     Each sleep starts once its input is there (:func:`block_until_ready`), as a GPU kernel would."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, forward_s: float, meter: dict[str, int]) -> torch.Tensor:
-        ctx.forward_s, ctx.meter = forward_s, meter
+    def forward(ctx: Any, x: torch.Tensor, forward_s: float, meter: dict) -> torch.Tensor:
+        ctx.forward_s, ctx.meter, ctx.index = forward_s, meter, meter["forwards"]
         block_until_ready(x)
+        start = time.perf_counter()
         time.sleep(forward_s)
+        meter["events"].append((f"F{ctx.index}", start, time.perf_counter()))
+        meter["forwards"] += 1
         meter["held"] += 1
         meter["peak"] = max(meter["peak"], meter["held"])
         return x.view_as(x)
@@ -74,7 +92,9 @@ class SimulatedWork(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         block_until_ready(grad)
+        start = time.perf_counter()
         time.sleep(2 * ctx.forward_s)
+        ctx.meter["events"].append((f"B{ctx.index}", start, time.perf_counter()))
         ctx.meter["held"] -= 1
         return grad, None, None
 
@@ -85,10 +105,13 @@ class Stage(nn.Module):
     def __init__(self, layers: nn.Module, forward_s: float = 0.0) -> None:
         super().__init__()
         self.layers, self.forward_s = layers, forward_s
-        self.meter = {"held": 0, "peak": 0}
+        self.meter: dict = {}
+        self.reset_meter()
 
     def reset_meter(self) -> None:
-        self.meter.update(held=0, peak=0)
+        """Count afresh: micro-batches held (now and at most), forwards run, and each pass's
+        (name, start, end) on this process's ``time.perf_counter`` clock."""
+        self.meter.update(held=0, peak=0, forwards=0, events=[])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layers(x)

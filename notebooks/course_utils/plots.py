@@ -70,6 +70,25 @@ def line_chart(x: Sequence[float] | None, series: dict[str, Sequence], xlabel: s
     return fig
 
 
+def schedule_chart(events: Sequence[Sequence[tuple[str, float, float]]], title: str):
+    """A pipeline step as it ran: a row per stage, a box per pass (``events[stage]``: ``("F3", start, end)``,
+    micro-batch 3's forward), forwards light and backwards dark; the white between them is the bubble."""
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(events) + 1.3))
+    for stage, passes in enumerate(events):
+        for name, start, end in passes:
+            forward = name.startswith("F")
+            ax.barh(stage, end - start, left=start, height=0.7, color="#9ecae1" if forward else "#3182bd",
+                    edgecolor="white")
+            ax.text((start + end) / 2, stage, name[1:], ha="center", va="center", fontsize=8,
+                    color="black" if forward else "white")
+    ax.set_yticks(range(len(events)), [f"stage {s}" for s in range(len(events))])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from the step's start (light: forward, dark: backward; the number: micro-batch)")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
 def loss_curves(history, step_losses: Sequence[float] = (), title: str = "training"):
     """Left: the loss at each logged step. Right: per-epoch losses and validation accuracy."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
