@@ -79,6 +79,9 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 MIN_PER_SHARD, READERS_PLANNED, MAX_SHARD_BYTES = 100, 64, 256 * 2**20
+# samples a reader mixes: a shard holds consecutive samples (written in class order, it would give batches of one
+# class without it); the buffer holds encoded images, about 2.5 KiB each for CIFAR-10's PNGs
+SHUFFLE_BUFFER = 1000
 
 
 def per_shard_for(samples: int, bytes_per_sample: float) -> int:
@@ -145,16 +148,21 @@ def read_manifest(folder: str | Path) -> dict:
 
 def read_shard(path: str | Path) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(key, ``uint8 [C, H, W]`` image, label) for each sample of one shard, in order."""
-    for _, key, image, label in _read_kept(path):
-        yield key, image, label
+    for _, key, png, label in _read_kept(path):
+        yield key, _decode(png), label
+
+
+def _decode(png: bytes) -> torch.Tensor:
+    from PIL import Image
+
+    image = torch.from_numpy(np.asarray(Image.open(io.BytesIO(png))).copy())
+    return image.unsqueeze(0) if image.dim() == 2 else image.permute(2, 0, 1)
 
 
 def _read_kept(path: str | Path, keep: Callable[[int], bool] | None = None,
-               until: int | None = None) -> Iterator[tuple[int, str, torch.Tensor, int]]:
-    """(position in the shard, key, image, label) of the samples ``keep`` accepts, up to position
-    ``until``; the others are passed over without being decoded."""
-    from PIL import Image
-
+               until: int | None = None) -> Iterator[tuple[int, str, bytes, int]]:
+    """(position in the shard, key, PNG bytes, label) of the samples ``keep`` accepts, up to position
+    ``until``; the others are passed over."""
     pending: dict[str, dict[str, bytes]] = {}
     position = 0
     with tarfile.open(path, "r") as tar:  # read front to back: one open, one sequential stream
@@ -166,10 +174,7 @@ def _read_kept(path: str | Path, keep: Callable[[int], bool] | None = None,
             if {"png", "cls"} <= pending[key].keys():
                 sample = pending.pop(key)
                 if keep is None or keep(position):
-                    array = np.asarray(Image.open(io.BytesIO(sample["png"])))
-                    image = torch.from_numpy(array.copy())
-                    image = image.unsqueeze(0) if image.dim() == 2 else image.permute(2, 0, 1)
-                    yield position, key, image, int(sample["cls"])
+                    yield position, key, sample["png"], int(sample["cls"])
                 position += 1
 
 
@@ -232,7 +237,8 @@ class ShardDataset(IterableDataset):
     :func:`reader_spans` deals out to the ``world`` x ``workers`` readers in consecutive spans, so any
     number of shards, of any sizes, trains on any number of ranks and workers, every rank taking the same
     number of steps. A reader opens only the shards its span touches, and decodes only its own samples.
-    ``buffer`` > 1 mixes a reader's samples through a shuffle buffer of that size (:func:`emission_order`).
+    ``buffer`` > 1 (default ``SHUFFLE_BUFFER``) mixes a reader's samples through a shuffle buffer of that size
+    (:func:`emission_order`); 0 reads them in the shards' order.
     Images come out as float, normalised by ``mean``/``std``; with ``keys`` each sample also carries
     its key. The batch size comes with :meth:`set_epoch` (``make_loader`` passes it); in a DataLoader, do
     not keep workers alive across epochs (``persistent_workers``): each worker holds a copy of the
@@ -240,7 +246,8 @@ class ShardDataset(IterableDataset):
     """
 
     def __init__(self, folder: str | Path, mean: tuple[float, ...], std: tuple[float, ...], seed: int = 0,
-                 buffer: int = 0, rank: int | None = None, world: int | None = None, keys: bool = False) -> None:
+                 buffer: int = SHUFFLE_BUFFER, rank: int | None = None, world: int | None = None,
+                 keys: bool = False) -> None:
         super().__init__()
         self.folder, self.manifest = Path(folder), read_manifest(folder)
         self.mean = torch.tensor(mean).view(-1, 1, 1)
@@ -304,14 +311,15 @@ class ShardDataset(IterableDataset):
         for name, first, stop in parts:  # read in order; hold what comes out later (about a buffer's worth)
             if any(p in needed for p in range(start, start + stop - first)):  # else: not even opened
                 keep = lambda i, s=start - first: first <= i < stop and s + i in needed  # noqa: E731
-                for position, key, image, label in _read_kept(self.folder / name, keep=keep, until=stop):
-                    self.decoded += 1
-                    held[start + position - first] = (key, (image.float().div_(255) - self.mean) / self.std, label)
+                for position, key, png, label in _read_kept(self.folder / name, keep=keep, until=stop):
+                    held[start + position - first] = (key, png, label)  # encoded: a buffer costs its PNGs' bytes
                     while next_out < len(order) and order[next_out] in held:
                         yield self._out(held.pop(order[next_out]))
                         next_out += 1
             start += stop - first
 
     def _out(self, sample: tuple) -> tuple:
-        key, image, label = sample
+        key, png, label = sample
+        self.decoded += 1
+        image = (_decode(png).float().div_(255) - self.mean) / self.std
         return (key, image, label) if self.keys else (image, label)
