@@ -37,6 +37,7 @@ from course_utils.sharding import (
     start_counting_collectives,
     start_rank,
     stop_counting_collectives,
+    weights_digest,
     zero_gradient_bytes,
     zero_memory,
     zero_theory,
@@ -63,6 +64,18 @@ os.environ.update(deepspeed_env(use_gpu=device.type == "cuda"))
 import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)
 
 deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")  # one process: a group of one
+
+
+def full_weights_digest(engine, stage: int) -> str | None:
+    """The fingerprint of the whole fp32 weights (ZeRO's master copy; stage 3 gathers it: every rank calls this)."""
+    if stage == 0:
+        return None  # no ZeRO optimizer holds a master copy to assemble
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    full = [safe_get_full_fp32_param(p) for p in engine.module.parameters()]
+    return None if any(t is None for t in full) else weights_digest(full)
+
+
 world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
 
 torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -80,7 +93,7 @@ loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers
                      pin_memory=device.type == "cuda" and cfg.pin_memory, drop_last=True, seed=cfg.seed)
 val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
 
-losses, first_epoch = [], 0
+losses, first_epoch, resumed_from = [], 0, None
 ckpt = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
 if ckpt and cfg.resume and (ckpt / "latest").exists():
     try:
@@ -98,6 +111,8 @@ if ckpt and cfg.resume and (ckpt / "latest").exists():
     first_epoch, losses = client.get("epoch", 0), client.get("losses", [])
     if "rng" in client:  # augmentation draws from it: the next epoch sees the same images
         set_rng_state(client["rng"])
+    resumed_from = {"path": str(ckpt / (ckpt / "latest").read_text().strip()), "epoch": first_epoch,
+                    "step": engine.global_steps, "weights": full_weights_digest(engine, args.zero_stage)}
     if rank == 0:  # the engine restored its step count with the state
         print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
 
@@ -151,6 +166,7 @@ if ckpt and args.zero_stage > 0:  # zero_to_fp32: one plain fp32 state dict from
         consolidated_diff = max((plain[name].float() - full[name].cpu()).abs().max().item() for name in full)
     torch.distributed.barrier()
 
+final_weights = full_weights_digest(engine, args.zero_stage)
 val_loss, val_acc = evaluate(engine.module, val_loader, device, precision)
 with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # stage 3: whole weights to compare
     agree = ranks_agree(engine.module)
@@ -162,7 +178,8 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks
              "theory": zero_theory(psi, world, args.zero_stage, precision, cfg.optimizer, cfg.momentum),
              **dict(zip(("collectives_per_step", "sent_bytes_per_step"),  # (the window: the first steps, or all)
                         counted or stop_counting_collectives(max(engine.global_steps - first_step, 1), world))),
-             "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated,
+             "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated, "resumed_from": resumed_from,
+             "final_weights": final_weights,
              "peak_memory_mib": peak_memory_mib(device)})
 torch.distributed.barrier()
 del engine, optimizer

@@ -49,6 +49,7 @@ from course_utils.sharding import (
     load_sharded,
     save_sharded,
     start_rank,
+    weights_digest,
 )
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
@@ -116,7 +117,8 @@ if saved:
     first_epoch, step, losses = progress["epoch"], progress["step"], progress["losses"]
     if "rng" in progress:  # augmentation in this process draws from it: the next epoch sees the same images
         set_rng_state_json(progress["rng"])
-    resumed_from = {"path": str(saved), "world_size": progress["world_size"]}
+    resumed_from = {"path": str(saved), "world_size": progress["world_size"], "step": step,
+                    "weights": weights_digest(p.full_tensor() for p in model.parameters())}  # (gathers: every rank)
     if rank == 0:
         print(f"resumed from {saved} after epoch {first_epoch} (step {step}), written by {progress['world_size']} "
               f"rank(s), now on {world}", flush=True)
@@ -170,8 +172,8 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks
              "activation_checkpointing": args.activation_checkpointing, "epochs": cfg.epochs, "global_step": step,
              "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
              "images_per_s_per_rank": meter.images_per_s, "psi": psi, "memory": memory, "allocated_mib": allocated,
-             "resumed_from": resumed_from, "consolidated_max_abs_diff": consolidated_diff,
-             "peak_memory_mib": peak_memory_mib(device)})
+             "resumed_from": resumed_from, "final_weights": weights_digest(whole),
+             "consolidated_max_abs_diff": consolidated_diff, "peak_memory_mib": peak_memory_mib(device)})
 dist.barrier()
 del model, optimizer, whole
 gc.collect()

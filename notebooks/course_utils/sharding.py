@@ -344,6 +344,18 @@ def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.op
     return target
 
 
+def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
+    """A fingerprint of whole weights (in their order, as fp32 bytes): a resumed run reports the one of the
+    weights it loaded, the run that saved them the one of the weights it ended with; equal only if the resume
+    really loaded them (a restart from scratch has the same step count and, on a CPU, the same losses)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def latest_sharded(folder: str | Path | None) -> Path | None:
     """The checkpoint ``folder/latest`` names, if there is one."""
     pointer = Path(folder) / "latest" if folder else None
