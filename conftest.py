@@ -43,10 +43,19 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     """Install the system tools the suite needs (slurm-wlm, shellcheck) once, before any test,
-    where this machine can (root on Linux): no test then skips on a fresh machine for want of them."""
+    where this machine can (root on Linux): no test then skips on a fresh machine for want of them.
+    Where it cannot (no network for apt, or COURSE_NO_APT from `make gpu-check`), say why once here;
+    the tests that need them skip with the same reason."""
     module = _slurm_cluster_module()
-    if module.unavailable_reason() is None:
-        module.ensure_installed()
+    reason = module.unavailable_reason()
+    if reason is None:
+        reason = module.ensure_installed()
+    if reason and getattr(os, "geteuid", lambda: -1)() == 0:  # as root the suite would have installed them
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"system tools: {reason}")
+        else:
+            print(f"system tools: {reason}", file=sys.stderr)
 
 
 @pytest.hookimpl(tryfirst=True)

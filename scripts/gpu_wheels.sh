@@ -2,32 +2,56 @@
 # Wheels for `make gpu-check` on a GPU machine that reaches no package index (the course's lent
 # H100/H200: Python 3.12 with its own torch 2.11, Lightning, TensorBoard, matplotlib and pytest).
 #
-#   scripts/gpu_wheels.sh download    # here, with a package index: what that machine lacks, at the
-#                                     # versions of constraints.txt, in .whl/carry-1 and .whl/carry-2
+#   scripts/gpu_wheels.sh download [NAME...]  # here, with a package index: what that machine lacks
+#                                     # (and each NAME, though its image has it), at the versions of
+#                                     # constraints.txt, in .whl/carry-1, .whl/carry-2, ...
 #   scripts/gpu_wheels.sh install     # there, in the repository, after each carry: collects the
 #                                     # pieces in /tmp/course-wheels, installs what is whole into
 #                                     # /tmp/course-site; then: export PYTHONPATH=/tmp/course-site
+#   scripts/gpu_wheels.sh needs       # what a notebook run needs beside torch's own CUDA stack, one
+#                                     # "name==version carried|there normalised-name" a line
+#                                     # (scripts/gpu_check.py asks)
 #
 # One call may carry at most 64 MiB and Ray's wheel alone is about 79 MB, so `download` splits every
-# wheel into pieces of at most 30 MiB and deals them into two folders of under 64 MiB each. Carry
-# .whl/carry-1 in one call and .whl/carry-2 in the next, while the machine stays warm (/tmp outlives
-# a call, not the machine); each call runs `install`, which installs the wheels whose pieces have all
-# arrived. The machine's own packages are never replaced: only missing ones are carried.
+# wheel into pieces of at most 30 MiB and puts them in folders of at most 60 MiB (two for what the
+# lent machine lacks). Carry .whl/carry-1 in one call, .whl/carry-2 in the next and so on, while the
+# machine stays warm (/tmp outlives a call, not the machine); each call runs `install`, which
+# installs the wheels whose pieces have all arrived. The machine's own packages are never replaced:
+# only missing ones are carried.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WHL=.whl
 PIECE=30m
+CARRY_MIB=60  # one call carries 64 MiB, the repository included
 # What the lent machine's image already holds (its package list in the device tool's KINDS.md),
 # and what a notebook run does not need (the JupyterLab server and its widgets).
-THERE='^(cuda-.*|torch|torchvision|torchaudio|triton|nvidia-.*|lightning.*|pytorch-lightning|torchmetrics|numpy|matplotlib|pytest.*|pandas|scipy|pillow|tensorboard.*|psutil|packaging|pyyaml|filelock|fsspec|jinja2|markupsafe|sympy|mpmath|networkx|typing-extensions|requests|urllib3|idna|certifi|charset-normalizer|attrs|click|protobuf|grpcio|msgpack|tqdm|aiohttp|aiosignal|frozenlist|multidict|yarl|propcache|aiohappyeyeballs|six|python-dateutil|pygments|rich|markdown-it-py|mdurl|contourpy|cycler|fonttools|kiwisolver|pyparsing|setuptools|wheel|pip|werkzeug|markdown|absl-py|cloudpickle|h5py|py-cpuinfo|einops|iniconfig|pluggy|coverage|execnet|hypothesis|sortedcontainers|joblib|threadpoolctl|scikit-learn|pyarrow|wrapt|zipp|anyio|h11|httpcore|httpx|sniffio|decorator|prometheus-client|nvidia-ml-py)$'
+THERE='^(cuda-.*|torch|torchvision|torchaudio|triton|nvidia-.*|lightning.*|pytorch-lightning|torchmetrics|numpy|matplotlib|pytest.*|pandas|scipy|pillow|tensorboard|tensorboard-data-server|psutil|packaging|pyyaml|filelock|fsspec|jinja2|markupsafe|sympy|mpmath|networkx|typing-extensions|requests|urllib3|idna|certifi|charset-normalizer|attrs|click|protobuf|grpcio|msgpack|tqdm|aiohttp|aiosignal|frozenlist|multidict|yarl|propcache|aiohappyeyeballs|six|python-dateutil|pygments|rich|markdown-it-py|mdurl|contourpy|cycler|fonttools|kiwisolver|pyparsing|setuptools|wheel|pip|werkzeug|markdown|absl-py|cloudpickle|h5py|py-cpuinfo|einops|iniconfig|pluggy|coverage|execnet|hypothesis|sortedcontainers|joblib|threadpoolctl|scikit-learn|pyarrow|wrapt|zipp|anyio|h11|httpcore|httpx|sniffio|decorator|prometheus-client|nvidia-ml-py)$'
 NOT_NEEDED='^(jupyterlab.*|jupyter-server.*|jupyter-lsp|jupyter-events|jupyter-builder|notebook-shim|terminado|send2trash|argon2-.*|babel|json5|async-lru|ipywidgets|widgetsnbextension|overrides|rfc3.*|uri-template|webcolors|fqdn|isoduration|arrow|lark|python-json-logger|websocket-client|bleach|tinycss2|webencodings|defusedxml|mistune|nbconvert|pandocfilters|beautifulsoup4|soupsieve|jupyterlab-pygments|cffi|pycparser|pexpect|ptyprocess)$'
+# torch's own CUDA stack: the machine's torch brings its own build of these, never ours (NVML's
+# Python binding, nvidia-ml-py, is not part of it)
+TORCH_OWN='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$'
+
+# The packages of constraints.txt a notebook run needs beside torch's own, with where they come
+# from: "carried" (download fetches them) or "there" (the lent machine's image has them), and the
+# name normalised. One awk, not a process per package: gpu_check.py asks before every run.
+needs() {
+    grep -E '^[A-Za-z0-9]' constraints.txt | awk -F'==' -v there="$THERE" -v not_needed="$NOT_NEEDED" \
+            -v own="$TORCH_OWN" '{
+        norm = tolower($1); gsub(/[_.]/, "-", norm)
+        if (norm ~ not_needed || (norm ~ own && norm != "nvidia-ml-py")) next
+        print $1 "==" $2 " " (norm ~ there ? "there" : "carried") " " norm
+    }'
+}
 
 download() {
-    rm -rf "$WHL" && mkdir -p "$WHL/all" "$WHL/carry-1" "$WHL/carry-2"
-    grep -E '^[A-Za-z0-9]' constraints.txt | while IFS='=' read -r name _ version; do
-        norm=$(echo "$name" | tr 'A-Z_.' 'a-z--')
-        if [[ "$norm" =~ $THERE || "$norm" =~ $NOT_NEEDED ]]; then continue; fi
+    # NAME arguments: packages the lent machine's image has but the machine at hand lacks (gpu_check.py names them)
+    local wanted
+    wanted=" $(printf '%s ' "$@" | tr 'A-Z_.' 'a-z--')"
+    rm -rf "$WHL" && mkdir -p "$WHL/all"
+    needs | while IFS=' ' read -r pin where norm; do
+        name=${pin%%==*} version=${pin##*==}
+        if [[ "$where" == there && "$wanted" != *" $norm "* ]]; then continue; fi
         if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
                 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
                 --platform any -d "$WHL/all" "$name==$version" 2>/dev/null; then
@@ -35,17 +59,24 @@ download() {
             python3 -m pip wheel --quiet --no-deps -w "$WHL/all" "$name==$version"
         fi
     done
-    local n=0
-    for wheel in "$WHL"/all/*.whl; do  # pieces dealt alternately: both folders stay under 64 MiB
+    # each piece into the first folder it fits: as many folders of at most CARRY_MIB as the wheels need
+    # (two for what the lent machine lacks; more where it lacks what its image usually has)
+    local limit=$((CARRY_MIB * 1024 * 1024)) sizes=() i size
+    for wheel in "$WHL"/all/*.whl; do
         split -b "$PIECE" -d -a 2 "$wheel" "$WHL/piece-"
         for piece in "$WHL"/piece-*; do
-            n=$((n + 1))
-            mv "$piece" "$WHL/carry-$(( (n % 2) + 1 ))/$(basename "$wheel").${piece##*-}"
+            size=$(wc -c < "$piece")
+            i=0
+            while ((i < ${#sizes[@]})) && ((sizes[i] + size > limit)); do i=$((i + 1)); done
+            sizes[i]=$((${sizes[i]:-0} + size))
+            mkdir -p "$WHL/carry-$((i + 1))"
+            mv "$piece" "$WHL/carry-$((i + 1))/$(basename "$wheel").${piece##*-}"
         done
     done
     rm -rf "$WHL/all"
     du -sh "$WHL"/carry-*
-    echo "carry .whl/carry-1 in one device call and .whl/carry-2 in the next; each runs: scripts/gpu_wheels.sh install"
+    echo "carry each of the ${#sizes[@]} folders .whl/carry-N in a device call of its own; each runs:" \
+         "scripts/gpu_wheels.sh install"
 }
 
 install() {
@@ -74,7 +105,8 @@ install() {
 }
 
 case "${1:-}" in
-    download) download ;;
+    download) shift; download "$@" ;;
     install) install ;;
-    *) echo "usage: $0 download|install (see the comment at the top)" >&2; exit 2 ;;
+    needs) needs ;;
+    *) echo "usage: $0 download [NAME...]|install|needs (see the comment at the top)" >&2; exit 2 ;;
 esac

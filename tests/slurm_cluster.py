@@ -46,6 +46,11 @@ def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return out
 
 
+SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch")
+APT_DIR = Path("/etc/apt")
+APT_PROBE_S = 3.0  # apt-get's own timeouts and retries take minutes on a machine without a network
+
+
 def unavailable_reason() -> str | None:
     """Why a cluster cannot be started here, or None."""
     if sys.platform != "linux":
@@ -55,18 +60,126 @@ def unavailable_reason() -> str | None:
     for tool in ("ip", "nsenter", "unshare"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
+    missing = [t for t in SLURM_TOOLS if shutil.which(t) is None]
+    blocked = _install_blocked() if missing else None
+    if blocked:
+        return f"slurm-wlm is not installed ({', '.join(missing)} missing) and {blocked}"
     return None
 
 
-def ensure_installed() -> None:
-    """Debian's slurm-wlm (22.05) and shellcheck, installed when missing (as root)."""
-    if all(shutil.which(t) for t in ("slurmctld", "slurmd", "sbatch", "shellcheck")):
-        return
+def _install_blocked() -> str | None:
+    """Why apt-get must not try to install here now, or None (it may)."""
+    if os.environ.get("COURSE_NO_APT"):
+        return ("COURSE_NO_APT is set (make gpu-check sets it: its notebook runs install nothing); to have it, "
+                "run apt-get install slurm-wlm shellcheck first")
+    if shutil.which("apt-get") is None:
+        return "apt-get is not here: install slurm-wlm (Slurm 22.05) and shellcheck with this system's package manager"
+    unreachable = _apt_unreachable(str(APT_DIR))
+    if unreachable:
+        return (f"{unreachable}: install slurm-wlm and shellcheck once apt reaches a mirror (COURSE_NO_APT=1 "
+                "skips this check)")
+    return None
+
+
+def _apt_config() -> str:
+    """apt's configuration (where its proxy, if any, is set)."""
+    try:
+        return subprocess.run(["apt-config", "dump"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _apt_targets(apt_dir: Path, config: str, environ: dict[str, str]) -> list[tuple[str, int]] | None:
+    """The (host, port) pairs apt-get would connect to: its proxy where one is set, else its sources'
+    hosts; None where a source is local (file:, cdrom:), which needs no network."""
+    from urllib.parse import urlsplit
+
+    proxies = re.findall(r'^Acquire::https?::Proxy "([^"]+)";', config, re.M)
+    proxies += [environ[k] for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY") if environ.get(k)]
+    uris = [u for u in proxies if u.lower() not in ("direct", "false")]
+    if not uris:
+        for path in [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*.list"))]:
+            lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+            for line in lines:  # one-line format: deb [options] URI suite components
+                words = re.sub(r"\[[^]]*\]", " ", line.split("#", 1)[0]).split()
+                if len(words) >= 2 and words[0] in ("deb", "deb-src"):
+                    uris.append(words[1])
+        for path in sorted((apt_dir / "sources.list.d").glob("*.sources")):  # deb822 format
+            for stanza in re.split(r"\n\s*\n", path.read_text(errors="replace")):
+                if re.search(r"^Enabled:\s*no\b", stanza, re.M | re.I):
+                    continue
+                for match in re.findall(r"^URIs:(.*)$", stanza, re.M):
+                    uris += match.split()
+    targets = []
+    for uri in uris:
+        parts = urlsplit(uri.split("+", 1)[1] if re.match(r"^\w+\+\w+:", uri) else uri)  # mirror+http, tor+http
+        if parts.scheme in ("file", "cdrom", "copy"):
+            return None
+        if parts.hostname:
+            targets.append((parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)))
+    return list(dict.fromkeys(targets))
+
+
+def _reachable(targets: list[tuple[str, int]], timeout_s: float = APT_PROBE_S) -> bool:
+    """Whether any target accepts a TCP connection within ``timeout_s`` (the name lookup included)."""
+    import threading
+
+    answered = threading.Event()
+
+    def probe(host: str, port: int) -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                answered.set()
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=probe, args=t, daemon=True) for t in targets]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    while not answered.is_set() and any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        answered.wait(0.05)
+    return answered.is_set()
+
+
+def _apt_unreachable_uncached(apt_dir: str) -> str | None:
+    targets = _apt_targets(Path(apt_dir), _apt_config(), dict(os.environ))
+    if targets is None:
+        return None
+    if not targets:
+        return f"apt has no sources in {apt_dir}"
+    if _reachable(targets):
+        return None
+    where = ", ".join(f"{h}:{p}" for h, p in targets[:4]) + (" ..." if len(targets) > 4 else "")
+    return f"apt-get cannot reach its sources here ({where}: no answer within {APT_PROBE_S:g} s)"
+
+
+_APT_SEEN: dict[str, str | None] = {}
+
+
+def _apt_unreachable(apt_dir: str) -> str | None:
+    """Why apt-get could not download here now, or None; asked once per process (every notebook cell of
+    04-06 asks unavailable_reason())."""
+    if apt_dir not in _APT_SEEN:
+        _APT_SEEN[apt_dir] = _apt_unreachable_uncached(apt_dir)
+    return _APT_SEEN[apt_dir]
+
+
+def ensure_installed() -> str | None:
+    """Debian's slurm-wlm (22.05) and shellcheck, installed when missing (as root); or why nothing was
+    installed (a machine apt cannot fetch from, or COURSE_NO_APT), for the caller to say."""
+    missing = [t for t in (*SLURM_TOOLS, "shellcheck") if shutil.which(t) is None]
+    if not missing:
+        return None
+    blocked = _install_blocked()
+    if blocked:
+        return f"{', '.join(missing)} not installed, and nothing was installed: {blocked}"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "slurm-wlm", "shellcheck"]):
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             raise ClusterError(f"{' '.join(cmd)} failed: {out.stderr[-2000:]}")
+    return None
 
 
 def _config(work: Path) -> str:

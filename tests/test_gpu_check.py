@@ -2,10 +2,20 @@
 nbval in their own processes, the ladder and the matmul table are measured, and the report says
 what passed and what failed."""
 
+import importlib.util
 import json
+import os
+import re
+import shutil
+import socket
+import subprocess
 import sys
+import time
+import types
+from pathlib import Path
 
 import nbformat
+import pytest
 
 from course_utils.launch import run_script
 from course_utils.paths import SCRIPTS
@@ -38,7 +48,8 @@ def test_the_cpu_mode_writes_the_whole_report(tmp_path):
 
 
 def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('fine')"),
+    # the first cell also checks that the suite's conftest is told to install nothing (no apt-get on a GPU node)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os; assert os.environ['COURSE_NO_APT']"),
                                          nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'the lesson is wrong'")])
     path = tmp_path / "99_broken.ipynb"
     nbformat.write(nb, path)
@@ -50,3 +61,307 @@ def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
         "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0, "notebooks": [result, skipped],
         "ladder_model": "cnn", "ladder": {"error": "not run"}, "matmul": [], "training_share": {}})
     assert "| 99_broken.ipynb | FAIL | 1 | 1 |" in text and "| 98_late.ipynb | not run (budget) |" in text
+
+
+# ---- a bare GPU machine: only torch (and numpy) installed ------------------------------------------
+
+def _bare_site(tmp_path):
+    """A folder holding torch, what torch itself requires, and numpy, linked from this environment: what a GPU
+    machine with nothing but its own torch has."""
+    from importlib.metadata import distribution
+
+    from packaging.requirements import Requirement
+
+    site, todo, seen = tmp_path / "site", ["torch", "numpy"], set()
+    site.mkdir()
+    while todo:
+        name = todo.pop()
+        try:
+            dist = distribution(name)
+        except Exception:
+            continue
+        if dist.metadata["Name"].lower() in seen:
+            continue
+        seen.add(dist.metadata["Name"].lower())
+        root = Path(dist.locate_file(""))
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            if (root / top).exists() and not (site / top).exists():
+                (site / top).symlink_to(root / top)
+        for line in dist.requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return site
+
+
+def test_a_machine_with_only_torch_is_told_in_one_line_what_it_lacks_and_how_to_carry_it(tmp_path):
+    """Issue 31, finding 8: the runner died importing hostlist before it said what was missing."""
+    site = _bare_site(tmp_path)
+    out = subprocess.run([sys.executable, "-S", str(SCRIPTS / "gpu_check.py"), "--cpu", "--out", str(tmp_path / "o")],
+                         env={"PATH": os.environ["PATH"], "PYTHONPATH": f"{SCRIPTS.parent / 'notebooks'}:{site}"},
+                         capture_output=True, text=True, timeout=60)  # the notebooks on PYTHONPATH, as make does
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stdout + out.stderr
+    (line,) = lines
+    for name in ("python-hostlist", "nbval", "deepspeed", "ray", "optuna", "lightning", "matplotlib", "pytest"):
+        assert re.search(rf"[:,] {name}[,.]", line, re.I), (name, line)
+    assert "numpy" not in line and "torch " in line, "what it has is not asked for"
+    # what the lent machine's image lacks is carried by default; what it has is named to be carried too
+    assert re.search(r"`scripts/gpu_wheels.sh download [^`]*\bmatplotlib\b[^`]*`", line), line
+    assert "`scripts/gpu_wheels.sh install`" in line and "export PYTHONPATH=/tmp/course-site" in line
+    assert not (tmp_path / "o").exists(), "it stops before anything runs"
+
+
+def test_what_is_missing_is_followed_through_installed_metadata_extras_included():
+    installed = {"lightning": ["torch>=2.1", "pyyaml", "sphinx; extra == \"docs\""], "torch": ["nvidia-cublas"],
+                 "ray": ["click", "tensorboardx; extra == \"tune\"", "pandas; extra == \"tune\"",
+                         "colorama; sys_platform == \"win32\""], "pandas": ["tzdata"]}
+    missing = gpu_check.missing_packages(["lightning==2.6.6", "ray[tune]==2.60.0", "nbval"], installed)
+    assert missing == ["click", "nbval", "pyyaml", "tensorboardx", "tzdata"], \
+        "not another extra's (sphinx), not another platform's (colorama), not torch's own (nvidia-cublas)"
+    wheels = {"click": "there", "nbval": "carried", "tensorboardx": "carried", "six": "there", "numpy": "there"}
+    line = gpu_check.lacking_line("/usr/bin/python3", (3, 12, 3), "2.11.0+cu130", missing, wheels, {"numpy", "ray"})
+    assert "`scripts/gpu_wheels.sh download click six`" in line, "six: what a missing package may need, the " \
+        "lent machine's image has and this one lacks"
+    assert "pyyaml, tzdata: scripts/gpu_wheels.sh does not" in line
+    old = gpu_check.lacking_line("/usr/bin/python3", (3, 12, 3), "2.9.1", [], {})
+    assert "torch 2.9.1" in old and "2.11 or newer" in old and "GPU_PYTHON=" in old
+    assert gpu_check.lacking_line("/x/python3", (3, 11, 7), "2.14.1", [], {}) is None
+
+
+def test_the_wheels_cover_what_the_lent_machine_lacks_and_carry_what_is_named(tmp_path):
+    listed = subprocess.run(["bash", str(SCRIPTS / "gpu_wheels.sh"), "needs"], capture_output=True, text=True,
+                            check=True).stdout
+    where = {norm: w for _, w, norm in (line.split() for line in listed.splitlines())}
+    assert where["python-hostlist"] == where["nbval"] == where["deepspeed"] == "carried"
+    assert where["tensorboardx"] == "carried", "the lent image has tensorboard, not tensorboardX (ray[tune] needs it)"
+    assert where["matplotlib"] == where["nvidia-ml-py"] == "there"
+    assert not {"torch", "torchvision", "triton", "nvidia-cublas", "jupyterlab"} & set(where), "torch's own, the lab's"
+    # download NAME: carried besides the default set (a stand-in for pip records what is asked for)
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(SCRIPTS / "gpu_wheels.sh", tmp_path / "scripts")
+    shutil.copy(SCRIPTS.parent / "constraints.txt", tmp_path)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text('#!/bin/sh\necho "$@" >> "$ASKED"\nfor a; do d=$prev; prev=$a; done\n'
+                                  'spec=$a; w="$d/${spec%%==*}-${spec##*==}-py3-none-any.whl"; echo zip > "$w"\n'
+                                  'case $spec in ray==*) truncate -s 79M "$w";; deepspeed==*) truncate -s 50M "$w";;'
+                                  ' esac\n')  # Ray's wheel is 79 MB; with what a bare machine lacks, more than 120
+    (bin_ / "python3").chmod(0o755)
+    asked = tmp_path / "asked"
+    subprocess.run(["bash", str(tmp_path / "scripts" / "gpu_wheels.sh"), "download", "Matplotlib"], check=True,
+                   env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "ASKED": str(asked)}, capture_output=True)
+    fetched = {line.split()[-1].split("==")[0].lower() for line in asked.read_text().splitlines()}
+    assert {"python-hostlist", "deepspeed", "matplotlib"} <= fetched and "pandas" not in fetched, fetched
+    carries = sorted((tmp_path / ".whl").iterdir())
+    assert [c.name for c in carries] == ["carry-1", "carry-2", "carry-3"], "as many calls as it takes"
+    assert all(sum(f.stat().st_size for f in c.iterdir()) <= 60 * 2**20 for c in carries), "64 MiB a call, repo too"
+
+
+# ---- NVML: the job's GPUs by UUID ---------------------------------------------------------------------
+
+A, B, C, D = (f"{c * 8}-1111-2222-3333-444455556666" for c in "abcd")
+
+
+def test_nvml_finds_the_jobs_gpus_by_uuid_not_by_cuda_visible_devices():
+    # told "2,3", the job's cgroup shows NVML only its two GPUs, as 0 and 1 (here in the other order)
+    assert gpu_check.nvml_indices([C, D], [f"GPU-{D}", f"GPU-{C}"]) == [1, 0]
+    # told "0,1" (Slurm renumbered), NVML sees the node's four GPUs: the job's are its 2 and 3
+    assert gpu_check.nvml_indices([C, D], [f"GPU-{u}" for u in (A, B, C, D)]) == [2, 3]
+    assert gpu_check.nvml_indices([C.upper()], [f"GPU-{C}"]) == [0], "torch writes it bare, NVML with GPU-"
+    assert gpu_check.nvml_indices([f"MIG-{A}"], [f"GPU-{B}"]) is None, "no match: no peak rather than a wrong one"
+    assert gpu_check.nvml_indices([], [f"GPU-{A}"]) is None
+
+
+def test_the_sampler_measures_the_gpus_the_job_was_given(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2,3 where NVML sees two GPUs: taking NVML's 2 and 3 found none (or others' GPUs)."""
+    used = {f"GPU-{C}": 5 * 2**20, f"GPU-{D}": 7 * 2**20}
+
+    class FakeNvml:
+        NVMLError = RuntimeError
+        nvmlInit = staticmethod(lambda: None)
+        nvmlDeviceGetCount = staticmethod(lambda: 2)
+        nvmlDeviceGetUUID = staticmethod(lambda h: h.encode())  # older bindings return bytes
+
+        @staticmethod
+        def nvmlDeviceGetHandleByIndex(i):
+            return [f"GPU-{D}", f"GPU-{C}"][i]  # raises IndexError for 2 and 3, as NVML would refuse them
+
+        @staticmethod
+        def nvmlDeviceGetMemoryInfo(h):
+            return types.SimpleNamespace(used=used[h])
+
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    sampler = gpu_check.GpuMemorySampler([C], interval_s=0.01)
+    assert sampler._handles == [f"GPU-{C}"]
+    with sampler:
+        used[f"GPU-{C}"] += 3 * 2**20
+        time.sleep(0.05)
+    assert sampler.peak_mib == 3, "what this job's GPU gained, not the other's"
+
+
+# ---- 25-minute runs that resume ---------------------------------------------------------------------
+
+def _fake_machine(monkeypatch, tmp_path, hardware, minutes, fails=(), stop_at=None):
+    """main() with notebooks that take ``minutes[name]`` of a clock of the test's own: what ran, in order."""
+    names = [f"{i:02d}_n.ipynb" for i in range(11)]
+    (tmp_path / "nb").mkdir(exist_ok=True)
+    for name in names:
+        (tmp_path / "nb" / name).touch()
+    clock, ran = [0.0], []
+
+    def run_notebook(path, profile, timeout_s, cell_timeout_s, logs, gpu_uuids=()):
+        if path.name[:2] == stop_at:
+            raise KeyboardInterrupt  # ^C, or the GPU's lease ending
+        took = 60 * minutes.get(path.name[:2], 4)
+        clock[0] += min(took, timeout_s)
+        ran.append(path.name[:2])
+        passed = path.name[:2] not in fails and took <= timeout_s
+        return {"notebook": path.name, "passed": passed, "timed_out": took > timeout_s, "cells_passed": 3,
+                "cells_failed": 0 if passed else 1, "seconds": min(took, timeout_s), "peak_gpu_mib": 100, "log": ""}
+
+    def run_ladder(model, args, out, timeout_s, profile):
+        clock[0] += 200
+        ran.append("ladder")
+        return {"rungs": [], "best_speedup": 1.0}
+
+    monkeypatch.setattr(gpu_check, "NOTEBOOKS", tmp_path / "nb")
+    monkeypatch.setattr(gpu_check, "_now", lambda: clock[0])
+    monkeypatch.setattr(gpu_check, "what_is_lacking", lambda: None)
+    monkeypatch.setattr(gpu_check, "read_machine", lambda cpu: {
+        "env": {"torch": "2.11.0"}, "hardware": hardware, "device": "cuda", "gpu_uuids": [A]})
+    monkeypatch.setattr(gpu_check, "run_notebook", run_notebook)
+    monkeypatch.setattr(gpu_check, "run_ladder", run_ladder)
+    monkeypatch.setattr(gpu_check, "measure_matmul", lambda device, cpu: [{"format": "bf16", "tflops": 700.0,
+                                                                          "vs_fp32": 10.0}])
+    monkeypatch.setattr(gpu_check, "flops_per_image", lambda model: 1e9)
+    return ran
+
+
+def clock_of(ran):
+    return 240 * sum(n != "ladder" for n in ran) + 200 * ran.count("ladder")
+
+
+def test_a_run_keeps_to_its_budget_and_the_next_resumes_it(tmp_path, monkeypatch, capsys):
+    out = ["--out", str(tmp_path / "report")]
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, fails={"09"})
+    assert gpu_check.main(out) == 1
+    assert ran == ["09", "10", "07", "06", "05", "00"], "the likeliest failures first, then by number"
+    assert clock_of(ran) <= 25 * 60 - gpu_check.REPORT_S, "all within the 25 minutes"
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    by_name = {r["notebook"][:2]: r for r in report["notebooks"]}
+    assert by_name["10"]["hardware"] == "1 x H100" and by_name["10"]["date"] and by_name["10"]["passed"]
+    assert by_name["01"]["not_run"] and "not_run" in report["ladder"]
+    assert "left for the next run: 01_n.ipynb" in capsys.readouterr().out
+
+    ran.clear()
+    assert gpu_check.main(out) == 1
+    assert ran == ["01", "02", "03", "04", "08"], "resumed where it stopped; what passed is not run again; " \
+        "09 failed in 240 s here and 270 s were left: no room for it"
+    ran.clear()
+    assert gpu_check.main(out) == 1
+    assert ran == ["09", "ladder"], "then what failed here; the ladder once every notebook has a result"
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert len(report["runs"]) == 3 and report["ladder"]["hardware"] == "1 x H100"
+    assert "| 10_n.ipynb | pass | 3 | 0 | 240.0 | 100 | 1 x H100 |" in (tmp_path / "report" / "report.md").read_text()
+
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {})  # 09 fixed
+    assert gpu_check.main(out) == 0 and ran == ["09"]
+    ran.clear()
+    assert gpu_check.main(out + ["--rerun", "--notebooks", "06"]) == 0 and ran == ["06", "ladder"], "asked"
+    ran = _fake_machine(monkeypatch, tmp_path, "2 x A100", {})
+    gpu_check.main(out + ["--notebooks", "00"])
+    assert ran == ["00", "ladder"], "another machine's passes do not count here"
+
+
+def test_a_notebook_cut_by_the_budget_is_not_a_failure_and_goes_first_next_time(tmp_path, monkeypatch):
+    out = ["--out", str(tmp_path / "report")]
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {"09": 9, "10": 9, "07": 9})
+    assert gpu_check.main(out) == 1 and ran == ["09", "10", "07"]
+    cut = {r["notebook"][:2]: r for r in json.loads((tmp_path / "report" / "report.json").read_text())["notebooks"]}
+    assert cut["07"]["stopped_by_budget"] and not cut["07"]["passed"] and cut["07"]["seconds"] < 9 * 60
+    assert "| 07_n.ipynb | stopped (budget) |" in (tmp_path / "report" / "report.md").read_text()
+    ran.clear()
+    gpu_check.main(out)
+    assert ran[0] == "07"
+
+
+# ---- the suite installs nothing where it cannot, and says why -------------------------------------------
+
+def _root_conftest():
+    spec = importlib.util.spec_from_file_location("root_conftest_for_gpu_check", SCRIPTS.parent / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Slurm test cluster is Linux-only")
+def test_under_gpu_check_the_suite_tries_no_apt_get_and_says_why(monkeypatch):
+    conftest = _root_conftest()
+    cluster = conftest._slurm_cluster_module()
+    lines, absent = [], {"slurmctld", "slurmd", "sbatch", "shellcheck"}
+
+    def no_apt(*a, **k):
+        raise AssertionError(f"ran {a}")
+
+    reporter = types.SimpleNamespace(write_line=lines.append)
+    session = types.SimpleNamespace(config=types.SimpleNamespace(
+        pluginmanager=types.SimpleNamespace(get_plugin=lambda name: reporter)))
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster.shutil, "which", lambda tool: None if tool in absent else f"/usr/bin/{tool}")
+    monkeypatch.setattr(cluster.subprocess, "run", no_apt)
+    monkeypatch.setenv("COURSE_NO_APT", "1")
+    conftest.pytest_sessionstart(session)
+    assert len(lines) == 1 and "COURSE_NO_APT" in lines[0] and "apt-get install slurm-wlm shellcheck" in lines[0]
+    assert "COURSE_NO_APT" in cluster.unavailable_reason(), "the Slurm tests skip with the reason"
+    absent = {"shellcheck"}  # Slurm there, shellcheck not
+    lines.clear()
+    conftest.pytest_sessionstart(session)
+    assert cluster.unavailable_reason() is None and len(lines) == 1 and "shellcheck not installed" in lines[0]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the Slurm test cluster is Linux-only")
+def test_without_a_reachable_mirror_apt_get_is_not_tried(tmp_path, monkeypatch):
+    cluster = _root_conftest()._slurm_cluster_module()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: refused at once
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text(f"# a comment\ndeb [arch=amd64] http://127.0.0.1:{port}/debian bookworm"
+                                           " main\n")
+    assert cluster._apt_targets(tmp_path, "", {}) == [("127.0.0.1", port)]
+    monkeypatch.setattr(cluster, "APT_DIR", tmp_path)
+    monkeypatch.setattr(cluster, "_apt_config", lambda: "")
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "COURSE_NO_APT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cluster.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cluster.shutil, "which", lambda tool: None if tool in ("slurmctld", "slurmd", "sbatch")
+                        else f"/usr/bin/{tool}")
+    reason = cluster.unavailable_reason()
+    assert reason and f"127.0.0.1:{port}" in reason and "cannot reach" in reason
+    # a source that answers (deb822 format), or a proxy that does: apt-get goes ahead as before
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        live = server.getsockname()[1]
+        (tmp_path / "sources.list").unlink()
+        (tmp_path / "sources.list.d" / "debian.sources").write_text(
+            f"Types: deb\nURIs: http://127.0.0.1:{live}/debian\nSuites: bookworm\n\n"
+            f"Types: deb\nURIs: http://127.0.0.1:{port}/off\nEnabled: no\n")
+        assert cluster._apt_targets(tmp_path, "", {}) == [("127.0.0.1", live)]
+        assert cluster._apt_unreachable_uncached(str(tmp_path)) is None
+        proxied = cluster._apt_targets(tmp_path, f'Acquire::http::Proxy "http://127.0.0.1:{live}";\n', {})
+        assert proxied == [("127.0.0.1", live)]
+
+
+def test_a_run_stopped_from_outside_keeps_what_it_finished(tmp_path, monkeypatch):
+    out = ["--out", str(tmp_path / "report")]
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, stop_at="07")
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(out)
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {})
+    gpu_check.main(out)
+    assert ran[:2] == ["07", "06"], ran
+
