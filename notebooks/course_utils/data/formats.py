@@ -209,7 +209,12 @@ def step_breakdown(dataset: ImageFiles | ArrayImages, model: torch.nn.Module, de
 def emulate_training(loader: DataLoader, compute_s: float, steps: int) -> dict[str, float]:
     """The DLIO benchmark's method: each step waits for its batch, then sleeps ``compute_s`` where a GPU
     would compute (the CPU is free meanwhile, as it is while a GPU works). Returns the mean step time, the
-    mean wait for data, and the share of the step the 'GPU' is busy."""
+    mean wait for data, and the share of the step the 'GPU' is busy. The loader must hold ``steps`` + 1 full
+    batches (the first is left out; a short last batch would flatter the wait)."""
+    full = len(loader.dataset) // loader.batch_size
+    if steps + 1 > full:
+        raise ValueError(f"{steps} timed steps need {steps + 1} full batches of {loader.batch_size}; the loader holds "
+                         f"{full}: ask for at most {full - 1} steps, or give it more images")
     waits = []
     it = iter(loader)
     next(it)  # worker start-up is paid once per epoch, not per step: left out
