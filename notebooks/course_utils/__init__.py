@@ -24,6 +24,7 @@ Modules (import what you need)::
     storage     one large file vs many small files, per storage folder
     plots       the course's figures
     tuning      Ray Tune around the Trainer (notebook 08, scripts/tune.py)
+    targets     the workshop's machines as facts (tests compute every notebook's full profile for them)
 """
 
 from .sizing import current_profile, pick
