@@ -109,3 +109,65 @@ def test_a_node_runs_all_its_ranks_on_gpus_or_all_on_the_cpu():
         node_device("cuda", 2, 1, 0)
     with pytest.raises(ValueError, match="unknown device"):
         node_device("gpu", 1, 1, 0)
+
+
+# --------------------------------------------------------------------------- #
+# Deterministic kernels (course_utils.precision): the switch, from the environment and the device alone
+# --------------------------------------------------------------------------- #
+def test_deterministic_env_is_for_the_launched_run_and_leaves_this_process_alone(monkeypatch):
+    import os
+
+    from course_utils.precision import deterministic_env
+
+    monkeypatch.delenv("COURSE_DETERMINISTIC", raising=False)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    env = deterministic_env()
+    assert env == {"COURSE_DETERMINISTIC": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert "COURSE_DETERMINISTIC" not in os.environ and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    env["COURSE_DETERMINISTIC"] = "0"
+    assert deterministic_env()["COURSE_DETERMINISTIC"] == "1", "a new dict each time"
+
+
+@pytest.mark.parametrize("device_type", ["cuda", "cpu"])
+def test_determinism_switches_follow_the_environment(device_type):
+    from course_utils.precision import deterministic_env, determinism_for
+
+    on = {"use_deterministic_algorithms": True, "cudnn_deterministic": True, "cudnn_benchmark": False}
+    assert determinism_for({}, device_type) is None, "nothing asked: torch's defaults"
+    assert determinism_for({"COURSE_DETERMINISTIC": "0"}, device_type) is None
+    assert determinism_for(deterministic_env(), device_type) == on
+    assert determinism_for({"COURSE_DETERMINISTIC": "1", "CUBLAS_WORKSPACE_CONFIG": ":16:8"}, device_type) == on
+    with pytest.raises(ValueError, match="COURSE_DETERMINISTIC='maybe'"):
+        determinism_for({"COURSE_DETERMINISTIC": "maybe"}, device_type)
+
+
+def test_determinism_on_a_gpu_needs_cublas_workspace_config_from_the_start():
+    """cuBLAS reproduces its sums only with a fixed workspace per stream (CUDA >= 10.2), set in the environment
+    the process starts with; without it torch's deterministic mode raises at the first matmul, after the data
+    and the model were built. The switch says so at once, and a CPU needs nothing of the kind."""
+    from course_utils.precision import determinism_for
+
+    for env in ({"COURSE_DETERMINISTIC": "1"}, {"COURSE_DETERMINISTIC": "1", "CUBLAS_WORKSPACE_CONFIG": ":0:0"}):
+        with pytest.raises(ValueError, match="CUBLAS_WORKSPACE_CONFIG=:4096:8") as err:
+            determinism_for(env, "cuda")
+        assert "deterministic_env()" in str(err.value)
+        assert determinism_for(env, "cpu")["use_deterministic_algorithms"]
+
+
+def test_apply_determinism_sets_torchs_switches_for_a_gpu_without_one():
+    import torch
+
+    from course_utils.precision import apply_determinism, deterministic_env, deterministic_state
+
+    before = deterministic_state()
+    try:
+        torch.backends.cudnn.benchmark = True  # what --cudnn-benchmark leaves behind
+        assert not apply_determinism("cuda", env={})
+        assert deterministic_state()["cudnn_benchmark"], "nothing asked, nothing changed"
+        assert apply_determinism("cuda", env=deterministic_env())
+        assert deterministic_state() == {"use_deterministic_algorithms": True, "cudnn_deterministic": True,
+                                         "cudnn_benchmark": False}
+    finally:
+        torch.use_deterministic_algorithms(before["use_deterministic_algorithms"])
+        torch.backends.cudnn.deterministic = before["cudnn_deterministic"]
+        torch.backends.cudnn.benchmark = before["cudnn_benchmark"]

@@ -10,11 +10,19 @@ hardware: bf16 and TF32 tensor cores from Ampere (8.0) on. Not from
 is only *emulated* (it says yes on Frontera's Turing RTX 5000, where cuDNN has
 no bf16 convolutions) and allocates a tensor on the current GPU to find out,
 so a rank that calls it before ``set_device`` opens a context on GPU 0.
+
+Reproducible arithmetic is switched here too (:func:`deterministic_env`,
+:func:`determinism_for`): every trainer of the course passes through
+:func:`resolve_precision` before its first step, so one environment variable
+makes a launched run (train.py, the loop by hand, Lightning, Fabric, the DeepSpeed
+and FSDP scripts) compute the same bits every time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+from collections.abc import Mapping
 
 import torch
 
@@ -55,8 +63,11 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     """Turn ``amp`` into ``bf16`` or ``fp16`` for ``device``; reject what it cannot do.
 
     Reads only the device's properties (no allocation, no context on another rank's GPU).
+    Also switches this process to deterministic kernels where its environment asks for them
+    (``COURSE_DETERMINISTIC=1``, see :func:`deterministic_env`): every trainer calls this before its first step.
     """
     device = torch.device(device)
+    apply_determinism(device.type)
     if device.type != "cuda":
         return precision_for(precision, device.type)
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -128,3 +139,68 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# --------------------------------------------------------------------------- #
+# Deterministic kernels: the same bits from every run
+# --------------------------------------------------------------------------- #
+DETERMINISTIC_VAR = "COURSE_DETERMINISTIC"
+CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values torch's check accepts (at::Context, CUDA >= 10.2)
+
+
+def deterministic_env() -> dict[str, str]:
+    """The environment of a launched run that must compute the same bits every time:
+    ``run_script(..., env=deterministic_env())``. Only that process and its children see it; the
+    notebook kernel's environment is left alone.
+
+    ``COURSE_DETERMINISTIC=1`` is read by :func:`resolve_precision` in the run (:func:`determinism_for`).
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` gives cuBLAS a fixed workspace per stream, without which a
+    matmul may split its sums differently from run to run (CUDA >= 10.2); torch reads it when it
+    makes its first cuBLAS workspace, so it belongs in the environment the process starts with.
+    """
+    return {DETERMINISTIC_VAR: "1", CUBLAS_VAR: CUBLAS_DETERMINISTIC[0]}
+
+
+def determinism_for(env: Mapping[str, str], device_type: str) -> dict[str, bool] | None:
+    """What a process with environment ``env``, computing on ``device_type``, switches: a pure function
+    (tested without a GPU). ``None``: nothing asked, torch's defaults stay (fast, not reproducible on GPUs).
+
+    Asked for (``COURSE_DETERMINISTIC=1``): ``torch.use_deterministic_algorithms(True)`` (an operation with
+    only a non-deterministic CUDA kernel raises instead of running; the convolutions pick deterministic
+    cuDNN algorithms), ``cudnn.deterministic`` (the same, for cuDNN alone) and ``cudnn.benchmark`` off
+    (timing algorithms may choose another one in each run). On CUDA, ``CUBLAS_WORKSPACE_CONFIG`` must be one of
+    :data:`CUBLAS_DETERMINISTIC`: without it the first matmul would raise, after the data and model were built.
+    """
+    asked = env.get(DETERMINISTIC_VAR, "").strip().lower()
+    if asked in ("", "0", "false", "no"):
+        return None
+    if asked not in ("1", "true", "yes"):
+        raise ValueError(f"{DETERMINISTIC_VAR}={env[DETERMINISTIC_VAR]!r}: use 1 (deterministic kernels) or 0")
+    if device_type == "cuda" and env.get(CUBLAS_VAR) not in CUBLAS_DETERMINISTIC:
+        raise ValueError(
+            f"{DETERMINISTIC_VAR}=1 on a GPU needs {CUBLAS_VAR}={CUBLAS_DETERMINISTIC[0]} in the environment the "
+            f"process starts with (it has {env.get(CUBLAS_VAR, 'none')!r}): launch it with "
+            "env=course_utils.precision.deterministic_env()")
+    return {"use_deterministic_algorithms": True, "cudnn_deterministic": True, "cudnn_benchmark": False}
+
+
+def apply_determinism(device_type: str, env: Mapping[str, str] | None = None) -> bool:
+    """Switch this process to deterministic kernels if its environment asks (:func:`determinism_for`).
+
+    True when switched. A later ``cudnn.benchmark = True`` (``--cudnn-benchmark``) would undo the last part.
+    """
+    switches = determinism_for(os.environ if env is None else env, device_type)
+    if switches is None:
+        return False
+    torch.use_deterministic_algorithms(switches["use_deterministic_algorithms"])
+    torch.backends.cudnn.deterministic = switches["cudnn_deterministic"]
+    torch.backends.cudnn.benchmark = switches["cudnn_benchmark"]
+    return True
+
+
+def deterministic_state() -> dict[str, bool]:
+    """The switches as torch has them now (what a run can report, and a test can check)."""
+    return {"use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
