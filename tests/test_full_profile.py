@@ -730,18 +730,11 @@ def test_06_lightning(full):
         assert timeout >= TIMEOUT_MARGIN * max(first, compare)
 
 
-# On a 1-GPU node the section falls back to the CPU at CI sizes (device=DEVICE), but --log-every keeps its
-# full value: the first run's steps never reach it, so its TensorBoard log holds no training loss.
-LOG_EVERY = pytest.mark.xfail(strict=True, reason="notebook 06 cell 8: --log-every pick(ci=2, full=20) has no "
-                              "device=DEVICE; on a 1-GPU node the first run (CI sizes) takes fewer steps than 20")
-
-
-@pytest.mark.parametrize("target", [pytest.param(t, marks=LOG_EVERY if t.gpus_per_node < 2 else ())
-                                    for t in TARGETS], ids=lambda t: t.name)
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
 def test_06_log_every(target, monkeypatch):
     full = Full(target, monkeypatch)
     plan, names, epochs, n_train, batch = _lightning(full)
-    every = full.pick("06", "out / --log-every")
+    every = full.pick("06", "out / --log-every", **names)
     per_epoch = optimizer_steps(n_train, batch, plan.nproc, 1)
     first, second = (epochs - 1) * per_epoch, epochs * per_epoch
     # Lightning logs after steps every, 2 every, ...: the chart needs a point from each run
