@@ -18,7 +18,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_ARGS ?=
 
-.PHONY: setup lab test kernel lock bench gpu-check clean help
+.PHONY: setup lab test kernel lock bench gpu-check full-here clean help
 
 help:
 	@echo "make lab     set up the environment and open the course in JupyterLab"
@@ -26,6 +26,7 @@ help:
 	@echo "make kernel  register .venv as a Jupyter kernel for a portal's JupyterLab"
 	@echo "make bench   run the single-device speed-up ladder (scripts/benchmark_single.py)"
 	@echo "make gpu-check  on a GPU node: every notebook, the ladder and matmul TFLOP/s, one report (runs/gpu-check)"
+	@echo "make full-here  the notebooks whose full profile runs in minutes here (02, 10), on this CPU (runs/full-here)"
 	@echo "make lock    regenerate constraints.txt from the installed environment"
 
 $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.json
@@ -56,6 +57,13 @@ bench: setup
 
 gpu-check:
 	PYTHONPATH=$(CURDIR)/notebooks$(if $(PYTHONPATH),:$(PYTHONPATH),) $(GPU_PYTHON) scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
+# the notebooks whose full profile runs in minutes on a CPU (2 cores: 02 in 148 s, 10 in 304 s), as a workshop
+# would run them, before a GPU sees them; the others' full-profile layouts: tests/test_full_profile.py
+FULL_HERE ?= 02 10
+full-here:
+	PYTHONPATH=$(CURDIR)/notebooks$(if $(PYTHONPATH),:$(PYTHONPATH),) $(GPU_PYTHON) scripts/gpu_check.py --cpu \
+		--profile full --notebooks $(FULL_HERE) --rerun --out runs/full-here $(GPU_CHECK_ARGS)
 
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt

@@ -317,7 +317,8 @@ COVERED = {
            "expr / run_script(allreduce_bench.py) / --max-mib": "test_02_collectives",
            "expr / run_script(allreduce_bench.py) / --iters": "test_02_collectives",
            "run / run_script(param_server.py) / --mib": "test_02_collectives",
-           "run / run_script(param_server.py) / --steps": "test_02_collectives"},
+           "run / run_script(param_server.py) / --steps": "test_02_collectives",
+           "run / run_script(param_server.py) / --compute-ms": "test_02_collectives"},
     "03": {"MODEL": "test_03_ddp", "PLAN / plan_demo() / wanted=": "test_03_ddp",
            "(DATASET, DATA_LINE) / workshop_dataset() / full=": "test_03_ddp",
            "args / --epochs": "test_03_ddp", "args / --n-train": "test_03_ddp", "args / --n-val": "test_03_ddp",
@@ -445,7 +446,7 @@ def test_02_collectives(full):
     ranks = max(plan.nproc, 4)  # the cell's nproc; param_server.py runs on the CPU (gloo) whatever the node has
     # the synchronous server, the busiest: every worker's gradient in and the weights out, each step, and the
     # straggler's compute; three schemes
-    compute_s = flag_constant("02", "--compute-ms") / 1000 * flag_constant("02", "--straggler")
+    compute_s = full.pick("02", "run / run_script(param_server.py) / --compute-ms") / 1000 * flag_constant("02", "--straggler")
     per_step = 2 * (ranks - 1) * mib * 2**20 / GLOO_BYTES_PER_S + compute_s
     (timeout,) = call_keywords("02", "run_script('param_server.py'", "timeout_s")
     assert timeout >= TIMEOUT_MARGIN * (STARTUP_S + 3 * steps * per_step)
