@@ -138,9 +138,39 @@ def test_held_out_images_are_neither_training_nor_validation_images(name, tmp_pa
             data.held_out_set(name, tmp_path, n=50, n_train=80, n_val=20)
 
 
-def test_jpeg_decoding_is_timed_on_the_gpu_only_where_the_device_is_one():
-    """Notebook 10's CUDA branch, with the hardware as input: nvJPEG is timed beside the CPU on a GPU."""
-    from course_utils.data.formats import decoders_to_time
+def test_jpeg_decoding_on_a_gpu_is_one_nvjpeg_call_per_batch_timed_after_the_gpu_finishes():
+    """Notebook 10's nvJPEG branch with the device as input. On a GPU node both decoders are timed; the GPU's
+    decodes the whole batch in one call on device "cuda" and the clock is read only after the GPU is
+    synchronised (the call returns before the GPU has finished), best of the repeats, the warm-up left out.
+    decode_jpeg and synchronize are given (no GPU here); on the CPU the real decode_jpeg runs on real JPEGs."""
+    from torchvision.io import encode_jpeg
 
-    assert decoders_to_time("cuda") == ["cpu", "cuda"]
-    assert decoders_to_time("cpu") == ["cpu"] and decoders_to_time("mps") == ["cpu"]
+    from course_utils.data.formats import decode_rate, decoders_to_time
+
+    jpegs = [encode_jpeg(image) for image in data.make_synthetic(8, seed=0)[0]]
+    assert decoders_to_time("cuda") == ["cpu", "cuda"] and decoders_to_time("cpu") == ["cpu"]
+
+    events = []
+    ticks = iter([0.0, 0.001, 1.0, 3.0, 3.0, 5.0, 6.0, 7.0])  # warm-up 1 ms, the fastest: it must not count
+
+    def clock():
+        events.append("clock")
+        return next(ticks)
+
+    def decode(batch, device="cpu"):
+        events.append(("decode", len(batch) if isinstance(batch, list) else 1, device))
+
+    def synchronize():
+        events.append("synchronize")
+
+    rate = decode_rate(jpegs, "cuda", repeats=3, decode=decode, synchronize=synchronize, clock=clock)
+    assert events == ["clock", ("decode", 8, "cuda"), "synchronize", "clock"] * 4
+    assert rate == 8 / 1.0, "images over the fastest timed repeat (2 s, 2 s, 1 s)"
+
+    def no_gpu():
+        raise AssertionError("the CPU decoder synchronised a GPU")
+
+    events.clear()
+    decode_rate(jpegs, "cpu", repeats=1, decode=decode, synchronize=no_gpu)
+    assert events == [("decode", 1, "cpu")] * 16, "one image per call, on the CPU, warm-up and one repeat"
+    assert decode_rate(jpegs, "cpu", repeats=1, synchronize=no_gpu) > 0  # torchvision's decoder, for real

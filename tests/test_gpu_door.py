@@ -5,7 +5,8 @@ binding, a driver torch cannot use) and checks the decision the course makes fro
 precision, each script family's device, and that nothing starts CUDA or changes the
 environment where a notebook kernel calls it. Where a function reads ``torch.cuda`` itself,
 ``torch.cuda`` is given those facts with monkeypatch; the functions that must not touch the GPU
-(``is_bf16_supported``, ``is_available`` in a kernel) are replaced by ones that fail the test.
+(``is_bf16_supported``, ``is_available`` in a kernel) are replaced by ones that fail the test, and whether a
+kernel can still fork is read from torch's own record in a fresh Python.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import warnings
 import pytest
 import torch
 
-from course_utils.devices import PlacementError, cuda_unusable_note, gpus_bound, node_device
+from course_utils.devices import (PlacementError, RankView, VisibleGpu, cuda_unusable_note, gpu_ids, gpus_bound,
+                                  node_device, place_ranks)
 from course_utils.lit import LaunchMismatch, plan_launch
 from course_utils.precision import precision_for, resolve_precision, set_tf32, tf32_state
 
@@ -150,6 +152,71 @@ def test_gpus_torch_cannot_use_are_named_with_the_reason(nvml, torch_sees, cuda,
     assert (said in note) and bool(note) == bool(said)
 
 
+# the two A100s of an FT3 node, as CUDA reports them: UUID (bare, as torch writes it), PCI address, name
+U0, U1 = "6f3e1d2c-0a4b-4c5d-8e9f-0123456789ab", "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+A100_0 = VisibleGpu(U0, "0000:07:00", "NVIDIA A100-SXM4-40GB")
+A100_1 = VisibleGpu(U1, "0000:0f:00", "NVIDIA A100-SXM4-40GB")
+
+
+def _slice(uuid, gpu):
+    """A MIG slice of ``gpu``: its own UUID, its GPU's PCI address."""
+    return VisibleGpu(uuid, gpu.pci, gpu.name + " MIG 3g.20gb")
+
+
+@pytest.mark.parametrize("visible, placed", [
+    (f"GPU-{U1}", ["cuda:0", "cuda:0"]),  # rank 1 bound to the other GPU (by UUID): both on NCCL, no clash
+    ("1", ["cuda:0", "cuda:0"]),          # the same, by index
+    (f"GPU-{U0[:8]}", None),              # rank 1 bound to rank 0's GPU, by a UUID prefix: a clash
+])
+def test_a_rank_s_gpus_are_what_cuda_opened_whatever_cuda_visible_devices_called_them(visible, placed):
+    """Rank 0 sees the node's two GPUs (torchrun); rank 1 was given one through CUDA_VISIBLE_DEVICES. What the
+    ranks compare is the UUID CUDA reports for the device it opened, not the variable's spelling."""
+    rank1_sees = {f"GPU-{U1}": [A100_1], "1": [A100_1], f"GPU-{U0[:8]}": [A100_0]}[visible]
+    views = [RankView("c7-1", gpu_ids([A100_0, A100_1], None)), RankView("c7-1", gpu_ids(rank1_sees, visible))]
+    assert views[0].gpus == (U0, U1)
+    if placed is None:
+        with pytest.raises(PlacementError, match="ranks 0 and 1 would share one GPU"):
+            place_ranks(views, "cuda")
+    else:
+        assert [(p.device, p.backend) for p in place_ranks(views, "cuda")] == [(d, "nccl") for d in placed]
+
+
+@pytest.mark.parametrize("visible", ["MIG-1b2c3d4e-5f60-5a1b-9c2d-3e4f5a6b7c8d", "0"])  # "0": Slurm renumbered
+def test_ranks_on_mig_slices_of_one_gpu_never_share_it_through_nccl(visible):
+    """Two ranks, each on a MIG slice of the same A100 (each slice its own UUID): to NCCL they are one GPU.
+    Slices of two GPUs are two GPUs."""
+    a = _slice("1b2c3d4e-5f60-5a1b-9c2d-3e4f5a6b7c8d", A100_0)
+    b = _slice("2c3d4e5f-6071-5b2c-8d3e-4f5a6b7c8d9e", A100_0)
+    same_gpu = [RankView("portal", gpu_ids([s], visible)) for s in (a, b)]
+    assert same_gpu[0] == same_gpu[1]
+    with pytest.raises(PlacementError, match="share one GPU|only 1 GPU"):
+        place_ranks(same_gpu, "cuda")
+    assert {p.backend for p in place_ranks(same_gpu)} == {"gloo"}
+    other = _slice("3d4e5f60-7182-5c3d-9e4f-5a6b7c8d9eaf", A100_1)
+    two_gpus = [RankView("portal", gpu_ids([s], visible)) for s in (a, other)]
+    assert [p.device for p in place_ranks(two_gpus, "cuda")] == ["cuda:0", "cuda:0"]
+
+
+def test_local_view_reads_each_visible_gpu_from_cuda(monkeypatch):
+    """local_view's GPU branch, CUDA's answers given: one entry per device, in index order."""
+    from course_utils import devices
+
+    gpus = [A100_0, A100_1]
+    pci = [(0, 0x07, 0), (0, 0x0F, 0)]
+
+    def props(i):
+        domain, bus, device = pci[i]
+        return types.SimpleNamespace(uuid=gpus[i].uuid, name=gpus[i].name, pci_domain_id=domain, pci_bus_id=bus,
+                                     pci_device_id=device)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert devices.local_view().gpus == (U0, U1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1b2c3d4e-5f60-5a1b-9c2d-3e4f5a6b7c8d")
+    assert devices.local_view().gpus == ("pci 0000:07:00", "pci 0000:0f:00")
+
+
 def test_auto_on_a_node_whose_driver_torch_cannot_use_says_why(monkeypatch, capsys):
     from course_utils import devices
 
@@ -161,15 +228,66 @@ def test_auto_on_a_node_whose_driver_torch_cannot_use_says_why(monkeypatch, caps
     assert "2 GPU(s) but torch (built for CUDA 13.0) cannot use them" in capsys.readouterr().err
 
 
-def test_the_profile_is_chosen_without_starting_cuda(monkeypatch):
-    """A notebook kernel picks its sizes before it forks ranks (notebook 06's ddp_notebook)."""
-    from course_utils import sizing
+# Run in a fresh Python: torch's record of a touched CUDA runtime is sticky, and this process may have one.
+FORK_PROBE = r"""
+import json, os, sys
+import torch
+# the hardware fact: the GPUs NVML counts on the node (there is no NVML here); nothing else of torch is replaced
+torch.cuda._raw_device_count_nvml = lambda: int(os.environ["PROBE_NVML_GPUS"])
+from course_utils import sizing
 
-    monkeypatch.delenv("COURSE_PROFILE", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", _forbidden("torch.cuda.is_available (initialises CUDA)"))
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # NVML's count
-    assert sizing.current_profile() == "full"
-    assert sizing.pick(ci=1, full=2, device="cpu") == 1
+def child_can_use_cuda():
+    # torch's own verdict: once the CUDA runtime was touched (cudaGetDeviceCount, cuInit), a forked child
+    # starts "in bad fork" and its first CUDA call raises. Touched or not, this needs no GPU.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"0" if torch.cuda._is_in_bad_fork() else b"1")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return os.read(r, 1) == b"1"
+
+steps = []
+for nvml, visible in [("0", None), ("2", None), ("0", "MIG-4f1c7c8e-3b7d-5e0a-9a5b-0d5b6c1e2f3a")]:
+    os.environ["PROBE_NVML_GPUS"] = nvml
+    if visible is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    steps.append([sizing.current_profile(), sizing.pick(ci=1, full=2, device="cpu"), child_can_use_cuda(),
+                  torch.cuda.is_initialized()])
+torch.cuda.is_available()  # what the profile must not call: the probe has to see it
+print(json.dumps({"steps": steps, "probe_sees_a_runtime_call": not child_can_use_cuda()}))
+"""
+
+
+def test_the_profile_is_chosen_without_starting_cuda():
+    """A notebook kernel picks its sizes before it forks ranks (notebook 06's ddp_notebook); a kernel that has
+    touched the CUDA runtime forks children whose first CUDA call fails.
+
+    Proves, with torch's real code and its own record (``torch.cuda._is_in_bad_fork`` in a forked child):
+    ``current_profile`` and ``pick`` reach no CUDA runtime call (``is_available``, ``init``, a tensor on the GPU,
+    or ``device_count`` falling back to the runtime) on a node whose NVML counts 0 or 2 GPUs, nor on a MIG slice,
+    which NVML cannot count. Only NVML's count is given; the last step checks that the probe does see a runtime
+    call. Cannot prove: what a real driver does inside NVML, or the machines without NVML (such as this one),
+    where torch's ``device_count`` itself asks the runtime (harmless without a driver: no GPU for a child to lose).
+    """
+    import json
+    import subprocess
+    import sys
+
+    from course_utils.paths import REPO_ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COURSE_PROFILE", "CUDA_VISIBLE_DEVICES")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "notebooks"), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", FORK_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["probe_sees_a_runtime_call"], "the probe cannot tell: it proves nothing"
+    # [profile, pick(ci=1, full=2, device="cpu"), a forked child can use CUDA, torch.cuda.is_initialized()]
+    assert seen["steps"] == [["ci", 1, True, False],    # NVML: no GPU
+                             ["full", 1, True, False],  # NVML: 2 GPUs; a demo moved to the CPU gets CPU sizes
+                             ["full", 1, True, False]]  # a MIG slice
 
 
 def test_the_environment_report_leaves_cuda_to_a_subprocess(monkeypatch):
@@ -255,18 +373,46 @@ def test_fsdp_fp16_asked_for_by_name_is_refused():
         fsdp_precision("fp16", "fp16")
 
 
-def test_an_existing_group_keeps_its_device(monkeypatch):
-    """init_distributed inside a group formed elsewhere (Ray Train, Lightning) answers that group's device."""
+@pytest.mark.parametrize("config, gpu, device", [
+    ("nccl", 1, "cuda:1"),                # rank 1 of a node under Lightning or Ray Train: its own GPU, not GPU 0
+    ("cpu:gloo,cuda:nccl", 3, "cuda:3"),  # init_process_group() without a backend, on a GPU node
+    ("gloo", 1, "cpu"),                   # a gloo group on a GPU node moves CPU tensors
+    ("cpu:gloo,cuda:nccl", None, "cpu"),  # the same default on a machine without a GPU
+])
+def test_a_group_formed_elsewhere_gives_the_rank_s_gpu_under_nccl_and_the_cpu_under_gloo(config, gpu, device):
+    from course_utils.dist.group import group_device
+
+    assert group_device(config, gpu) == torch.device(device)
+
+
+@pytest.mark.parametrize("config, bound, current_gpu, expected", [
+    (None, None, None, "cpu"),                   # this machine's own group and facts: nothing given
+    (None, None, 1, "cpu"),                      # gloo on a GPU node (no NCCL group can form here)
+    ("nccl", None, 1, "cuda:1"),                 # the framework set this rank's GPU
+    ("cpu:gloo,cuda:nccl", None, 1, "cuda:1"),   # init_process_group() without a backend on a GPU node
+    ("nccl", 2, 0, "cuda:2"),                    # bound with device_id=cuda:2 but never set_device: not GPU 0
+])
+def test_an_existing_group_keeps_its_device(monkeypatch, config, bound, current_gpu, expected):
+    """init_distributed inside a group formed elsewhere (Ray Train, Lightning, a script's own
+    init_process_group()) answers that group's device. The group is real (gloo); where an NCCL group is
+    the case, its backend and bound GPU are given, with this rank's current GPU."""
     import torch.distributed as dist
 
     from course_utils.dist import init_distributed
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group(None, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # would have chosen cuda:0 before
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        if config is not None:
+            monkeypatch.setattr(dist, "get_backend_config", lambda group=None: config)
+        if bound is not None:
+            group = dist.distributed_c10d._get_default_group()
+            monkeypatch.setattr(group, "bound_device_id", torch.device("cuda", bound))
+        if current_gpu is not None:
+            monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # would have chosen cuda:0 before
+            monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+            monkeypatch.setattr(torch.cuda, "current_device", lambda: current_gpu)
         _, device = init_distributed("auto")
-        assert device == torch.device("cpu")
+        assert device == torch.device(expected)
     finally:
         dist.destroy_process_group()
 
@@ -310,15 +456,64 @@ def test_every_script_gets_its_device_and_group_through_the_door():
                         f"course_utils.dist.init_distributed or lit.plan_launch: {around}")
 
 
-def test_the_users_own_script_sets_its_gpu_before_its_group():
+class _GroupFormed(Exception):
+    pass
+
+
+def run_until_the_group_forms(script, monkeypatch, gpus, local_rank):
+    """Run ``script`` as rank ``local_rank`` of a 2-rank torchrun job on a node whose process sees ``gpus`` GPUs,
+    up to its process group: the calls to ``set_device`` and ``init_process_group`` in order (neither can run
+    here: no GPU, no NCCL), and the message it exits with, if any."""
+    import runpy
+    import sys
+
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+
+    def set_device(device):
+        calls.append(("set_device", torch.device("cuda", device) if isinstance(device, int) else torch.device(device)))
+
+    def init_process_group(backend=None, **kwargs):
+        calls.append(("init_process_group", backend, kwargs.get("device_id")))
+        raise _GroupFormed  # what follows needs the group and the GPU
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    monkeypatch.setattr(sys, "argv", [str(script), "--steps", "1"])
+    for name, value in {"LOCAL_RANK": local_rank, "RANK": local_rank, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500}.items():
+        monkeypatch.setenv(name, str(value))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except _GroupFormed:
+        return calls, None
+    except SystemExit as stop:
+        return calls, str(stop.code)
+    raise AssertionError(f"{script} ended without forming a process group")
+
+
+def test_the_users_own_script_sets_its_gpu_before_its_group(monkeypatch):
+    """plain_ddp.py run as rank 1 on a 2-GPU node: its GPU is set, then the group formed with NCCL and that GPU
+    as device_id (set later, NCCL's communicator and the first allocations land on GPU 0 of every rank)."""
+    import ast
+
     from course_utils.paths import SCRIPTS
 
-    calls = {}
-    for name, line in _calls(SCRIPTS / USERS_OWN):
-        calls[name] = min(line, calls.get(name, line))
-    assert "import course_utils" not in (SCRIPTS / USERS_OWN).read_text() and "from course_utils" not in \
-        (SCRIPTS / USERS_OWN).read_text(), "it stays the user's: plain torch"
-    assert calls["set_device"] < calls["init_process_group"], "torch.cuda.set_device before init_process_group"
+    script = SCRIPTS / USERS_OWN
+    imported = {(node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+                for node in ast.walk(ast.parse(script.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names}
+    assert not [m for m in imported if m.split(".")[0] == "course_utils"], "it stays the user's: plain torch"
+    cuda1 = torch.device("cuda", 1)
+    assert run_until_the_group_forms(script, monkeypatch, gpus=2, local_rank=1) == (
+        [("set_device", cuda1), ("init_process_group", "nccl", cuda1)], None)
+    assert run_until_the_group_forms(script, monkeypatch, gpus=0, local_rank=1) == (
+        [("init_process_group", "gloo", None)], None)
+    calls, said = run_until_the_group_forms(script, monkeypatch, gpus=1, local_rank=1)
+    assert calls == [] and "LOCAL_RANK=1 but this process sees 1 GPU(s)" in said, "never two NCCL ranks on one GPU"
 
 
 def test_the_horovod_script_is_valid_python_and_sets_its_gpu_before_using_it():

@@ -20,7 +20,7 @@ Which GPUs a rank sees depends on the launcher: ``torchrun`` shows every rank
 all of the node's GPUs (rank k takes the k-th); ``srun --gpus-per-task=1`` or
 ``--gpu-bind`` shows each task only its own GPU (so every task's only GPU is
 ``cuda:0``, and they are different GPUs). Comparing GPU UUIDs, not indices,
-covers both.
+covers both (a MIG slice: its GPU's PCI address, :func:`gpu_ids`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class PlacementError(RuntimeError):
 
 @dataclass(frozen=True)
 class RankView:
-    """What one rank sees: its host, and the UUIDs of the GPUs visible to it, in index order."""
+    """What one rank sees: its host, and the GPUs visible to it in index order (UUIDs, :func:`gpu_ids`)."""
 
     host: str
     gpus: tuple[str, ...] = ()
@@ -210,11 +210,34 @@ def cuda_unusable_note(nvml_gpus: int, torch_sees_gpu: bool, torch_cuda: str | N
             "running on the CPU")
 
 
+@dataclass(frozen=True)
+class VisibleGpu:
+    """What CUDA reports of one GPU this process sees (``torch.cuda.get_device_properties``)."""
+
+    uuid: str  # as torch writes it, bare: "58d1c6a0-..."; a MIG slice may report its own
+    pci: str = ""  # "domain:bus:device" of the physical GPU: MIG slices of one GPU share it
+    name: str = ""  # "NVIDIA A100-SXM4-40GB MIG 3g.20gb" on a slice
+
+
+def gpu_ids(gpus: Sequence[VisibleGpu], visible_devices: str | None) -> tuple[str, ...]:
+    """What :func:`place_ranks` compares for the GPUs this process sees, in CUDA's index order.
+
+    A GPU is its UUID, as CUDA reports it for the device it opened, whatever ``CUDA_VISIBLE_DEVICES``
+    (``visible_devices``) called it: an index, renumbered by Slurm's cgroups, or a ``GPU-`` UUID. A MIG slice
+    (the variable names ``MIG-`` devices, or the device's name says MIG where Slurm renumbers) is its physical
+    GPU's PCI address, which its sibling slices share: NCCL tells GPUs apart by PCI bus and cannot put two
+    ranks on slices of one GPU (NVIDIA/nccl#1716).
+    """
+    mig = (visible_devices or "").strip().startswith("MIG-")
+    return tuple(f"pci {g.pci}" if (mig or " MIG " in f" {g.name} ") and g.pci else str(g.uuid) for g in gpus)
+
+
 _warned_unusable = False
 
 
 def local_view() -> RankView:
-    """What this process sees: its host name and its visible GPUs' UUIDs (starts CUDA in this process)."""
+    """What this process sees: its host name and its visible GPUs (:func:`gpu_ids`; starts CUDA in this process)."""
+    import os
     import socket
     import sys
 
@@ -223,7 +246,12 @@ def local_view() -> RankView:
     global _warned_unusable
     gpus: tuple[str, ...] = ()
     if torch.cuda.is_available():
-        gpus = tuple(str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count()))
+        seen = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            pci = f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}" if hasattr(p, "pci_bus_id") else ""
+            seen.append(VisibleGpu(str(p.uuid), pci, p.name))
+        gpus = gpu_ids(seen, os.environ.get("CUDA_VISIBLE_DEVICES"))
     elif not _warned_unusable:
         note = cuda_unusable_note(torch.cuda.device_count(), False, torch.version.cuda)
         if note:

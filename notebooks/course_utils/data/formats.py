@@ -239,19 +239,24 @@ def decoders_to_time(device_type: str) -> list[str]:
     return ["cpu", "cuda"] if device_type == "cuda" else ["cpu"]
 
 
-def decode_rate(jpegs: list[torch.Tensor], where: str, repeats: int = 3) -> float:
+def decode_rate(jpegs: list[torch.Tensor], where: str, repeats: int = 3, *, decode=None, synchronize=None,
+                clock=time.perf_counter) -> float:
     """Images per second decoding ``jpegs`` (encoded bytes as uint8 tensors) on ``where``, best of
-    ``repeats``; on the GPU the batch goes in one call and the clock waits for the GPU."""
-    from torchvision.io import decode_jpeg
+    ``repeats``; on the GPU the batch goes in one call and the clock waits for the GPU.
 
+    ``decode``, ``synchronize``, ``clock``: torchvision's ``decode_jpeg``, ``torch.cuda.synchronize`` and the
+    clock; a test gives its own to check the GPU branch where there is no GPU."""
+    if decode is None:
+        from torchvision.io import decode_jpeg as decode
+    synchronize = synchronize or torch.cuda.synchronize
     timings = []
     for _ in range(repeats + 1):  # the first is a warm-up (the GPU's loads nvJPEG): dropped
-        start = time.perf_counter()
+        start = clock()
         if where == "cuda":
-            decode_jpeg(jpegs, device="cuda")
-            torch.cuda.synchronize()
+            decode(jpegs, device="cuda")  # nvJPEG decodes a list as one batch
+            synchronize()  # the call returns before the GPU has finished
         else:
             for data in jpegs:
-                decode_jpeg(data)
-        timings.append(time.perf_counter() - start)
+                decode(data)
+        timings.append(clock() - start)
     return len(jpegs) / min(timings[1:])

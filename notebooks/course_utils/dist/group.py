@@ -97,11 +97,30 @@ def init_distributed(
     return info, dev
 
 
+def group_device(backend_config: str, gpu: int | None) -> torch.device:
+    """This rank's device in a process group that already exists: ``cuda:<gpu>`` where the group reaches GPUs
+    through NCCL and this rank has a GPU, else the CPU.
+
+    ``backend_config``: ``dist.get_backend_config()``, ``"nccl"``, ``"gloo"``, or ``"cpu:gloo,cuda:nccl"`` for
+    a group formed without naming a backend (``dist.get_backend()`` then says ``"undefined"``). ``gpu``: the
+    index of the GPU this rank drives (the group's bound ``device_id``, else the current device); None without
+    one.
+    """
+    nccl = any(part.rsplit(":", 1)[-1].strip() == "nccl" for part in backend_config.lower().split(","))
+    return torch.device("cuda", gpu) if nccl and gpu is not None else torch.device("cpu")
+
+
 def _group_device() -> torch.device:
-    """This rank's device in a process group that already exists: its current GPU under NCCL, else the CPU."""
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """:func:`group_device` for the default group, with this rank's facts."""
+    config = dist.get_backend_config()
+    gpu = None
+    if "nccl" in config.lower():  # only then is there a GPU to ask about (a rank, not a kernel that forks)
+        bound = dist.distributed_c10d._get_default_group().bound_device_id  # init_process_group(device_id=...)
+        if bound is not None and bound.type == "cuda":
+            gpu = bound.index
+        elif torch.cuda.is_available():
+            gpu = torch.cuda.current_device()  # the framework that formed the group set it (Lightning, Ray Train)
+    return group_device(config, gpu)
 
 
 @contextlib.contextmanager
