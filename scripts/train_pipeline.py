@@ -52,6 +52,7 @@ from course_utils.pipeline import (
     split,
 )
 from course_utils.results import emit_result
+from course_utils.timing import sync
 from course_utils.trainer import build_optimizer
 
 
@@ -139,8 +140,7 @@ def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden:
         dist.barrier()
         start = time.perf_counter()
         one_step(pipe, stage, stages, x, y)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         return start, time.perf_counter() - start
 
     one_step(pipe, stage, stages, x, y)  # untimed, without the simulated compute: it infers the shapes sent

@@ -21,3 +21,13 @@ def uninterrupted(tmp_path_factory):
         return done[ranks]
 
     return reference
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real gloo process group of one rank in this process (DTensor, DCP and FSDP need one), destroyed after."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -179,7 +179,7 @@ def test_fsdp_keeps_weights_and_batch_norm_statistics_in_fp32_at_the_gpu_s_preci
 
 @pytest.mark.filterwarnings("ignore:.*GradScaler is enabled, but CUDA", "ignore:.*switching to use `NO_SHARD`")
 @pytest.mark.parametrize("ours", [True, False], ids=["course", "lightning-default"])
-def test_evaluating_after_fsdp_meets_batch_norm_in_one_dtype(ours, tmp_path):
+def test_evaluating_after_fsdp_meets_batch_norm_in_one_dtype(one_rank_group, ours):
     """Finding 3's failure, on a CPU (Lightning's Trainer refuses FSDP there; torch's FSDP runs, one rank:
     NO_SHARD, which casts buffers the same way): the course's cnn wrapped by FSDP with the config Lightning
     would use on Frontera's Turing GPUs, one step, then train_lightning.py's evaluation (full_weights, the
@@ -197,21 +197,17 @@ def test_evaluating_after_fsdp_meets_batch_norm_in_one_dtype(ours, tmp_path):
     torch.manual_seed(0)
     model = build_model("cnn", 3, 10, width=8)
     data = torch.utils.data.TensorDataset(torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,)))
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        made.model = FullyShardedDataParallel(model, mixed_precision=made.mixed_precision_config,
-                                              device_id=torch.device("cpu"))
-        made.model(data.tensors[0]).sum().backward()  # FSDP casts the buffers on the first forward
-        with full_weights(types.SimpleNamespace(strategy=made)):
-            statistics = {b.dtype for b in model.buffers() if b.is_floating_point()}
-            assert {p.dtype for p in model.parameters()} == {torch.float32}  # summon_full_params: full precision
-            loader, cpu = torch.utils.data.DataLoader(data, batch_size=4), torch.device("cpu")
-            if ours:
-                assert statistics == {torch.float32}
-                assert all(map(math.isfinite, evaluate(model, loader, cpu, "fp16")))
-            else:  # what train_lightning.py --strategy fsdp met after fit
-                assert statistics == {torch.float16}
-                with pytest.raises(RuntimeError, match="dtype|scalar type"):
-                    evaluate(model, loader, cpu, "fp16")
-    finally:
-        dist.destroy_process_group()
+    made.model = FullyShardedDataParallel(model, mixed_precision=made.mixed_precision_config,
+                                          device_id=torch.device("cpu"))
+    made.model(data.tensors[0]).sum().backward()  # FSDP casts the buffers on the first forward
+    with full_weights(types.SimpleNamespace(strategy=made)):
+        statistics = {b.dtype for b in model.buffers() if b.is_floating_point()}
+        assert {p.dtype for p in model.parameters()} == {torch.float32}  # summon_full_params: full precision
+        loader, cpu = torch.utils.data.DataLoader(data, batch_size=4), torch.device("cpu")
+        if ours:
+            assert statistics == {torch.float32}
+            assert all(map(math.isfinite, evaluate(model, loader, cpu, "fp16")))
+        else:  # what train_lightning.py --strategy fsdp met after fit
+            assert statistics == {torch.float16}
+            with pytest.raises(RuntimeError, match="dtype|scalar type"):
+                evaluate(model, loader, cpu, "fp16")

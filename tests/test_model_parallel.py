@@ -39,7 +39,7 @@ def test_a_tensor_parallel_run_resumed_from_its_sharded_checkpoint_ends_where_an
     assert second["train_loss_gap"] <= 1e-5, "the unsplit blocks, checkpointed beside, still agree"
 
 
-def test_a_damaged_sharded_checkpoint_is_one_error_that_names_it_and_says_what_to_do(tmp_path, caplog):
+def test_a_damaged_sharded_checkpoint_is_one_error_that_names_it_and_says_what_to_do(one_rank_group, tmp_path, caplog):
     """The step folder ``latest`` names holds junk metadata (a copy cut short): train_tp.py, train_fsdp.py and
     train_pipeline.py (the same load_sharded) stop with one line, instead of DCP's UnpicklingError and
     FileNotFoundError tracebacks printed by every rank."""
@@ -52,12 +52,8 @@ def test_a_damaged_sharded_checkpoint_is_one_error_that_names_it_and_says_what_t
     (tmp_path / "step-2" / ".metadata").write_bytes(b"not a pickle")
     (tmp_path / "latest").write_text("step-2")
     model = torch.nn.Linear(2, 2)
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with pytest.raises(CheckpointError, match=f"{tmp_path / 'step-2'} cannot be read.*Remove {tmp_path / 'latest'}"):
-            load_sharded(latest_sharded(tmp_path), model, torch.optim.SGD(model.parameters(), lr=0.1))
-    finally:
-        dist.destroy_process_group()
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'step-2'} cannot be read.*Remove {tmp_path / 'latest'}"):
+        load_sharded(latest_sharded(tmp_path), model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert not [r for r in caplog.records if r.exc_info], "no rank logs a traceback on the way (DCP's warnings do)"
 
 

@@ -203,7 +203,7 @@ def test_flops_per_image_match_the_resnet18_by_hand():
     assert train_flops_per_image("cnn") < train_flops_per_image("resnet18") / 10
 
 
-def test_the_course_optimiser_takes_cudas_foreach_path_and_steps_dtensors_beside_plain_tensors(tmp_path):
+def test_the_course_optimiser_takes_cudas_foreach_path_and_steps_dtensors_beside_plain_tensors(one_rank_group):
     """A tensor-parallel model keeps plain parameters (its LayerNorms) beside DTensors. On CUDA torch's
     optimisers take the foreach path, which refuses a list mixing the two; the course's optimiser asks for
     that path on every device, so a CPU run meets the refusal, and steps the two kinds as separate groups."""
@@ -213,27 +213,23 @@ def test_the_course_optimiser_takes_cudas_foreach_path_and_steps_dtensors_beside
 
     from course_utils.trainer import build_optimizer
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
+    mesh = init_device_mesh("cpu", (1,))
 
-        def params():
-            plain = nn.Parameter(torch.ones(4))
-            split = nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()]))
-            plain.sum().backward()  # a LayerNorm outside the plan: plain weights, plain gradients
-            split.sum().backward()
-            return plain, split
+    def params():
+        plain = nn.Parameter(torch.ones(4))
+        split = nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Replicate()]))
+        plain.sum().backward()  # a LayerNorm outside the plan: plain weights, plain gradients
+        split.sum().backward()
+        return plain, split
 
-        with pytest.raises(Exception, match="mixed torch.Tensor and DTensor"):
-            torch.optim.SGD(params(), lr=0.5, momentum=0.9, foreach=True).step()  # what CUDA's default does
-        plain, split = params()
-        for name in ("sgd", "adamw"):
-            opt = build_optimizer([plain, split], name, lr=0.5, momentum=0.9)
-            assert all(group["foreach"] for group in opt.param_groups)
-            opt.step()
-        assert plain.detach().lt(1).all() and split.to_local().lt(1).all(), "both kinds stepped"
-    finally:
-        dist.destroy_process_group()
+    with pytest.raises(Exception, match="mixed torch.Tensor and DTensor"):
+        torch.optim.SGD(params(), lr=0.5, momentum=0.9, foreach=True).step()  # what CUDA's default does
+    plain, split = params()
+    for name in ("sgd", "adamw"):
+        opt = build_optimizer([plain, split], name, lr=0.5, momentum=0.9)
+        assert all(group["foreach"] for group in opt.param_groups)
+        opt.step()
+    assert plain.detach().lt(1).all() and split.to_local().lt(1).all(), "both kinds stepped"
 
 
 def test_every_trainer_takes_deterministic_kernels_from_its_environment(monkeypatch):

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .timing import sync
+
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -68,8 +70,7 @@ def block_until_ready(x: torch.Tensor) -> None:
     ``Work.wait()`` makes the GPU's stream wait, not the CPU: a compute simulated by a CPU sleep would
     start before its input arrived, the stages' sleeps would overlap, and the bubble would measure 0.
     (With gloo, ``wait()`` has blocked the CPU already.)"""
-    if x.device.type == "cuda":
-        torch.cuda.current_stream(x.device).synchronize()
+    sync(x.device)
 
 
 class SimulatedWork(torch.autograd.Function):

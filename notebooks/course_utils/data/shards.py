@@ -80,7 +80,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 MIN_PER_SHARD, READERS_PLANNED, MAX_SHARD_BYTES = 100, 64, 256 * 2**20
 # samples a reader mixes: a shard holds consecutive samples (written in class order, it would give batches of one
-# class without it); the buffer holds encoded images, about 2.5 KiB each for CIFAR-10's PNGs
+# class without it); the buffer holds the encoded images (PNG bytes), decoded as they leave it
 SHUFFLE_BUFFER = 1000
 
 
