@@ -31,3 +31,28 @@ def test_tune_stops_in_one_line(flags, says, tmp_path):
                    timeout_s=60, echo=False)
     out = refused.value.result.output
     assert says in out and out.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in out, out
+
+
+def test_a_trial_s_history_survives_ray_s_json_log_losing_reports(tmp_path):
+    """Ray 2.60's JSON logger copies the storage's older result.json over its own when a trial starts
+    again (a PBT pause): the reports in progress.csv are the trial's history (notebook 08 failed on it)."""
+    import csv
+    import json
+
+    from ray.tune import Result
+
+    from course_utils.tuning import history
+
+    reports = [{"epoch": e, "lr": 0.01 * e, "training_iteration": e, "trial_id": "00001"} for e in (1, 2, 3, 4)]
+    (tmp_path / "params.json").write_text(json.dumps({"lr": 0.01}))
+    (tmp_path / "result.json").write_text(json.dumps(reports[0]) + "\n")  # what Ray left after a resume
+    with open(tmp_path / "progress.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, reports[0].keys())
+        writer.writeheader()
+        writer.writerows(reports)
+    result = Result.from_path(tmp_path)
+    assert len(result.metrics_dataframe) == 1, "Ray reads result.json first"
+    frame = history(result)
+    assert frame["epoch"].tolist() == [1, 2, 3, 4] and frame["trial_id"].tolist() == ["00001"] * 4
+    (tmp_path / "progress.csv").unlink()
+    assert history(Result.from_path(tmp_path))["epoch"].tolist() == [1], "without the CSV: what the JSON holds"

@@ -504,7 +504,7 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
         quiet.setLevel(level)
     rows = []
     for result in grid:
-        frame = result.metrics_dataframe
+        frame = history(result)
         config = {k: v for k, v in (result.config or {}).items() if k not in RUN_KEYS}
         trial = tune_trials[Path(result.path).name]
         if frame is None or frame.empty:
@@ -538,6 +538,23 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
             "end": float(frame["now"].iloc[-1]),
         })
     return sorted(rows, key=lambda r: (math.isnan(r["best_val_loss"]), r["best_val_loss"]))
+
+
+def history(result: Any) -> Any:
+    """Every report of a trial, in order, as a DataFrame (empty when it reported nothing).
+
+    Ray keeps two logs of them in the trial's folder, ``result.json`` (what ``Result.metrics_dataframe``
+    reads) and ``progress.csv``. Ray 2.60's JSON logger reopens its file each time a trial starts again
+    (a pause of Population Based Training, a retry) and first copies the storage's copy over it, which
+    may be older: reports are lost (seen in notebook 08: a PBT trial with 1 of its 4 epochs). The CSV
+    logger keeps its file open until the trial ends. So: the longer of the two."""
+    import pandas as pd
+
+    folder = Path(result.path)
+    frames = [result.metrics_dataframe if result.metrics_dataframe is not None else pd.DataFrame()]
+    if (folder / "progress.csv").is_file() and (folder / "progress.csv").stat().st_size:
+        frames.append(pd.read_csv(folder / "progress.csv", dtype={"trial_id": str}))
+    return max(frames, key=len)
 
 
 def _checkpoint_epoch(result: Any) -> int | None:
@@ -627,7 +644,7 @@ def held_out_score(result: Any, n: int = 1000) -> tuple[float, float]:
         with (result.get_best_checkpoint(METRIC, MODE) or result.checkpoint).as_directory() as folder:
             state = load_checkpoint(Path(folder) / "last.pt")
     else:  # a DDP trial: Ray Train kept every epoch's checkpoint, and Tune got each one's path
-        frame = result.metrics_dataframe
+        frame = history(result)
         won = frame[METRIC].idxmin() if MODE == "min" else frame[METRIC].idxmax()
         state = load_checkpoint(Path(frame.loc[won, "checkpoint_path"]) / "last.pt")
     model.load_state_dict(state["model"])
