@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Pipeline parallelism with torch.distributed.pipelining: one stage per rank, GPipe and 1F1B.
+"""Pipeline parallelism with torch.distributed.pipelining: GPipe and 1F1B (one stage per rank), and the
+interleaved 1F1B (two model chunks per rank).
 
     torchrun --standalone --nproc-per-node=4 scripts/train_pipeline.py
     torchrun --standalone --nproc-per-node=4 scripts/train_pipeline.py --microbatches 4 8 16 --compute-ms 40
@@ -10,7 +11,9 @@ rank also trains by itself: the pipeline's losses and weights must be the unspli
 for each schedule and number of micro-batches, one timed step in which every stage's compute is
 --compute-ms per micro-batch forward (twice that backward; course_utils.pipeline.SimulatedWork),
 so that the bubble is the schedule's: its measured share of the step beside (p-1)/(m+p-1), and the
-micro-batches whose activations each stage held at most. The last line is RESULT {json} (rank 0).
+micro-batches whose activations each stage held at most. Under the interleaved schedule the MLP is cut
+into 2 stages per rank (rank r runs stages r and r+p), each sleeping half of the rank's compute. The
+last line is RESULT {json} (rank 0).
 
 With --train, the course's run instead, with the course's flags (course_utils.config), pipelined:
 
@@ -35,18 +38,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from course_utils import dist as cdist
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.pipeline import (
     SCHEDULES,
+    TIMED,
     ModelStage,
     Stage,
     bubble_theory,
     build_mlp,
+    chunks,
     held_theory,
     min_microbatches,
     mse,
+    rank_stages,
     schedule_class,
     schedule_order,
     split,
@@ -68,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--train", action="store_true",
                     help="train the course's run pipelined (--model mlp) with --schedule and --microbatches")
     pp.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="--train's schedule (default: 1f1b)")
-    pp.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES),
-                    help="the schedules to time (default: both)")
+    pp.add_argument("--schedules", nargs="+", choices=TIMED, default=list(TIMED),
+                    help="the schedules to time (default: all three; interleaved: 1F1B over 2 model chunks per rank)")
     pp.add_argument("--microbatches", nargs="+", type=int, default=None,
                     help="micro-batches per step to time (1F1B needs at least one per stage) (default: 1 2 4 8 16); "
                          "with --train, micro-batches per batch (default: 4)")
@@ -92,17 +99,27 @@ def one_step(schedule, stage: int, stages: int, x: torch.Tensor, y: torch.Tensor
     return losses
 
 
+def build_schedule(name: str, modules: list[nn.Module], rank: int, ranks: int, microbatches: int,
+                   device: torch.device):
+    """``name``'s schedule over this rank's stages (``modules``, one per stage of ``rank_stages``)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    total = ranks * chunks(name)
+    stages = [PipelineStage(module, index, total, device)
+              for module, index in zip(modules, rank_stages(name, rank, ranks))]
+    return schedule_class(name)(stages if chunks(name) > 1 else stages[0], n_microbatches=microbatches, loss_fn=mse)
+
+
 def compare_with_unsplit(name: str, stage: int, stages: int, hidden: int, steps: int,
                          device: torch.device) -> dict[str, float]:
     """``steps`` SGD steps through the pipeline and through the unsplit model, on the same batches."""
-    from torch.distributed.pipelining import PipelineStage
-
     microbatches = max(4, stages)
-    whole = build_mlp(hidden, 2 * stages).to(device)
-    mine = split(build_mlp(hidden, 2 * stages), stages, stage).to(device)  # the same weights, this stage's share
-    pipe = schedule_class(name)(PipelineStage(Stage(mine), stage, stages, device), n_microbatches=microbatches,
-                                loss_fn=mse)
-    opt_pipe = build_optimizer(mine.parameters(), "sgd", lr=0.1)
+    total = stages * chunks(name)  # pipeline stages: one per rank, or several (interleaved)
+    whole = build_mlp(hidden, 2 * total).to(device)
+    mine = [split(build_mlp(hidden, 2 * total), total, i).to(device)  # the same weights, this rank's share
+            for i in rank_stages(name, stage, stages)]
+    pipe = build_schedule(name, [Stage(m) for m in mine], stage, stages, microbatches, device)
+    opt_pipe = build_optimizer([p for m in mine for p in m.parameters()], "sgd", lr=0.1)
     opt_whole = build_optimizer(whole.parameters(), "sgd", lr=0.1)
     loss_diff = 0.0
     for step in range(steps):
@@ -118,21 +135,22 @@ def compare_with_unsplit(name: str, stage: int, stages: int, hidden: int, steps:
         opt_whole.step()
         if losses:  # the last stage: the mean of the micro-batches' losses is the batch's loss
             loss_diff = max(loss_diff, abs(torch.stack(losses).mean().item() - whole_loss.item()))
-    reference = split(whole, stages, stage)
-    param_diff = max((a - b).abs().max().item() for a, b in zip(mine.parameters(), reference.parameters()))
+    reference = [split(whole, total, i) for i in rank_stages(name, stage, stages)]
+    param_diff = max((a - b).abs().max().item() for m, r in zip(mine, reference)
+                     for a, b in zip(m.parameters(), r.parameters()))
     return {"loss_diff": loss_diff, "param_diff": param_diff}
 
 
 def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden: int, compute_s: float,
                   device: torch.device) -> dict:
     """One step on this rank, from a common start: its seconds (``step_s``), the micro-batches this stage held
-    at most (``held``), when it ran each pass (``events``: name, start, end, in seconds from the start), and
-    the seconds of the same step without the simulated compute (``bare_s``: the sends and Python alone)."""
-    from torch.distributed.pipelining import PipelineStage
-
-    module = Stage(split(build_mlp(hidden, 2 * stages), stages, stage).to(device))
-    pipe = schedule_class(name)(PipelineStage(module, stage, stages, device), n_microbatches=microbatches,
-                                loss_fn=mse)
+    at most (``held``; None for several chunks per rank), when it ran each pass (``events``: name, start,
+    end, in seconds from the start; a second chunk's passes marked ``'``), and the seconds of the same step
+    without the simulated compute (``bare_s``: the sends and Python alone). A rank's compute per micro-batch
+    is ``compute_s`` forward however many chunks it runs: each chunk sleeps its share."""
+    total = stages * chunks(name)
+    modules = [Stage(split(build_mlp(hidden, 2 * total), total, i).to(device)) for i in rank_stages(name, stage, stages)]
+    pipe = build_schedule(name, modules, stage, stages, microbatches, device)
     x = torch.randn(4 * microbatches, hidden, device=device)
     y = torch.randn(4 * microbatches, hidden, device=device)
 
@@ -145,11 +163,14 @@ def time_schedule(name: str, microbatches: int, stage: int, stages: int, hidden:
 
     one_step(pipe, stage, stages, x, y)  # untimed, without the simulated compute: it infers the shapes sent
     _, bare_s = timed()
-    module.forward_s = compute_s
-    module.reset_meter()
+    for module in modules:
+        module.forward_s = compute_s / len(modules)
+        module.reset_meter()
     start, step_s = timed()
-    events = [(pass_, round(a - start, 6), round(b - start, 6)) for pass_, a, b in module.meter["events"]]
-    return {"step_s": step_s, "held": module.meter["peak"], "events": events, "bare_s": bare_s}
+    events = [(pass_ + "'" * chunk, round(a - start, 6), round(b - start, 6))
+              for chunk, module in enumerate(modules) for pass_, a, b in module.meter["events"]]
+    held = modules[0].meter["peak"] if len(modules) == 1 else None
+    return {"step_s": step_s, "held": held, "events": sorted(events, key=lambda e: e[1]), "bare_s": bare_s}
 
 
 def microbatch_plan(schedules: list[str], wanted: list[int], stages: int) -> tuple[str | None, list[str]]:
@@ -174,7 +195,6 @@ def gathered(obj: object) -> list:
 
 def train(args: argparse.Namespace) -> int:
     """The course's run (--model mlp), one stage per rank, through --schedule with --microbatches[0]."""
-    from torch import nn
     from torch.distributed.pipelining import PipelineStage
     from tqdm.auto import tqdm
 
@@ -273,7 +293,7 @@ def main() -> int:
     args = build_parser().parse_args()
     if args.train:
         return train(args)
-    with cdist.session(args.device) as (info, device):
+    with cdist.session(config_from_args(args).device) as (info, device):
         cdist.require_processes(2, "train_pipeline.py", " (one pipeline stage per rank)")
         stage, stages = info.rank, info.world_size
         wanted = sorted(args.microbatches or [1, 2, 4, 8, 16])
@@ -293,14 +313,15 @@ def main() -> int:
                 mine = time_schedule(name, m, stage, stages, args.hidden, args.compute_ms / 1000, device)
                 every = gathered(mine)
                 step_s = max(r["step_s"] for r in every)  # the step ends when the last stage is done
-                rows.append({"schedule": name, "microbatches": m, "step_s": step_s,
+                one_chunk = chunks(name) == 1  # the activations held and the order: written down for one
+                rows.append({"schedule": name, "microbatches": m, "chunks": chunks(name), "step_s": step_s,
                              "bubble": 1 - m * 3 * args.compute_ms / 1000 / step_s,
                              "theory": bubble_theory(stages, m), "held": [r["held"] for r in every],
-                             "held_theory": [held_theory(name, stages, m, s) for s in range(stages)],
+                             "held_theory": [held_theory(name, stages, m, s) for s in range(stages)] if one_chunk else None,
                              "bare_s": max(r["bare_s"] for r in every), "events": [r["events"] for r in every],
-                             "order_theory": [schedule_order(name, stages, m, s) for s in range(stages)]})
-                cdist.print0(f"{name:5s} m={m:3d}: step {step_s:.3f} s, bubble {rows[-1]['bubble']:.2f} "
-                             f"(theory {rows[-1]['theory']:.2f}), micro-batches held per stage {rows[-1]['held']}")
+                             "order_theory": [schedule_order(name, stages, m, s) for s in range(stages)] if one_chunk else None})
+                cdist.print0(f"{name:11s} m={m:3d}: step {step_s:.3f} s, bubble {rows[-1]['bubble']:.2f} "
+                             f"((p-1)/(m+p-1) {rows[-1]['theory']:.2f}), micro-batches held per stage {rows[-1]['held']}")
         all_checks = [None] * stages
         dist.all_gather_object(all_checks, checks)
         worst = {name: {k: max(c[name][k] for c in all_checks) for k in ("loss_diff", "param_diff")}

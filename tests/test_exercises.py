@@ -191,24 +191,27 @@ def test_trials_at_once_checker(wrong):
         exercises.check_trials_at_once(wrong, MEASURED_PACKING)
 
 
-# train_pipeline.py's timed steps on 4 stages (CPU, gloo, 20 ms of simulated compute per micro-batch): the bubble,
-# and the step with and without the simulated compute
-MEASURED_BUBBLE = [{"schedule": "gpipe", "microbatches": m, "bubble": b, "step_s": s, "bare_s": bare}
-                   for m, b, s, bare in ((1, 0.761, 0.251, 0.006), (2, 0.616, 0.313, 0.010), (4, 0.455, 0.458, 0.020),
-                                         (8, 0.308, 0.722, 0.031), (16, 0.200, 1.200, 0.055))]
+# train_pipeline.py's timed steps on 4 ranks (CPU, gloo, 20 ms of simulated compute per micro-batch and rank, a
+# busy machine): the bubble, and the step with and without the simulated compute; interleaved: 2 chunks per rank
+MEASURED_BUBBLE = [{"schedule": name, "chunks": v, "microbatches": m, "bubble": b, "step_s": s, "bare_s": bare}
+                   for name, v, m, b, s, bare in (
+                       ("gpipe", 1, 1, 0.762, 0.252, 0.006), ("gpipe", 1, 2, 0.624, 0.319, 0.017),
+                       ("gpipe", 1, 4, 0.472, 0.454, 0.036), ("gpipe", 1, 8, 0.338, 0.725, 0.047),
+                       ("gpipe", 1, 16, 0.247, 1.275, 0.106), ("interleaved", 2, 4, 0.394, 0.396, 0.037),
+                       ("interleaved", 2, 8, 0.282, 0.668, 0.077), ("interleaved", 2, 16, 0.214, 1.221, 0.114))]
 
 
 @pytest.mark.parametrize("wrong", [
-    lambda p, m: (p - 1) / m,            # the bubble against the useful work (Megatron-LM's form)
-    lambda p, m: 1 / m,                  # the stages forgotten
-    lambda p, m: (p - 1) / (m + p),      # one slot too many
-    lambda p, m: (p - 1) / p,            # naive model parallelism, whatever m
-    lambda p, m: 0.2,                    # one measured row, hard-coded
+    lambda p, m, v: (p - 1) / (m + p - 1),            # the chunks ignored: 1F1B's bubble
+    lambda p, m, v: (p - 1) / (v * (m + p - 1)),      # the whole bubble divided by v, fill and drain too
+    lambda p, m, v: (p - 1) / (v * m),                # against the useful work (Megatron-LM's form)
+    lambda p, m, v: (p - 1) / (m + v * (p - 1)),      # v multiplies the wrong term
+    lambda p, m, v: 0.2,                              # one measured row, hard-coded
 ])
-def test_bubble_fraction_checker(wrong):
-    exercises.check_bubble_fraction(solutions.bubble_fraction, MEASURED_BUBBLE, 4)
+def test_interleaved_bubble_checker(wrong):
+    exercises.check_interleaved_bubble(solutions.interleaved_bubble, MEASURED_BUBBLE, 4)
     with pytest.raises(WrongAnswer):
-        exercises.check_bubble_fraction(wrong, MEASURED_BUBBLE, 4)
+        exercises.check_interleaved_bubble(wrong, MEASURED_BUBBLE, 4)
 
 
 # notebook 10's breakdown on this CPU: read + decode of a batch of 64 JPEGs, the CNN's step, and the same

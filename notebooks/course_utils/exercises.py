@@ -282,33 +282,34 @@ def check_trials_at_once(at_once: Callable[[int, float, float, float, float], in
 
 
 # --------------------------------------------------------------------------- #
-# 09: the pipeline's bubble
+# 09: the interleaved pipeline's bubble
 # --------------------------------------------------------------------------- #
-BUBBLE_CASES = {(2, 1): 0.5, (8, 32): 7 / 39, (4, 12): 0.2, (16, 1): 15 / 16, (1, 8): 0.0}
+# (stages, micro-batches, chunks per rank) -> the share of the step a rank waits
+BUBBLE_CASES = {(2, 1, 1): 0.5, (4, 12, 1): 0.2, (8, 32, 4): 7 / 135, (4, 8, 2): 3 / 19, (16, 16, 8): 15 / 143,
+                (1, 8, 2): 0.0}
 
 
-def check_bubble_fraction(bubble: Callable[[int, int], float], measured: Sequence[Mapping[str, Any]],
-                          stages: int) -> None:
-    """``bubble(stages, microbatches)``: the share of a pipeline step a stage waits. Judged against this
-    run's timed steps (within 0.05, plus what the sends and Python cost on top, measured apart: ``bare_s``),
-    then exactly against layouts not run here."""
+def check_interleaved_bubble(bubble: Callable[[int, int, int], float], measured: Sequence[Mapping[str, Any]],
+                             stages: int) -> None:
+    """``bubble(stages, microbatches, chunks)``: the share of a pipeline step a rank waits when each of the
+    ``stages`` ranks runs ``chunks`` model chunks. Judged against this run's timed steps, every schedule
+    (within 0.05, plus what the sends and Python cost on top, measured apart: ``bare_s``), then exactly
+    against layouts not run here."""
     for row in measured:
-        got = bubble(stages, row["microbatches"])
+        got = bubble(stages, row["microbatches"], row.get("chunks", 1))
         slack = 0.05 + 3 * row["bare_s"] / row["step_s"]
         if not (math.isfinite(got) and abs(got - row["bubble"]) <= slack):
-            hint = (" (p-1)/m is the bubble measured against the useful work, Megatron-LM's form; the share "
-                    "of the whole step divides by the step, (m+p-1) micro-batch times") if got > 1 or \
-                abs(got - (stages - 1) / row["microbatches"]) < 1e-9 else ""
-            raise WrongAnswer(f"{stages} stages, {row['microbatches']} micro-batches ({row['schedule']}): you say "
-                              f"{got:.3f}, this run measured {row['bubble']:.3f}.{hint}")
-    for (p, m), want in BUBBLE_CASES.items():
-        got = bubble(p, m)
+            raise WrongAnswer(f"{stages} ranks, {row['microbatches']} micro-batches, {row.get('chunks', 1)} chunk(s) per "
+                              f"rank ({row['schedule']}): you say {got:.3f}, this run measured {row['bubble']:.3f}")
+    for (p, m, v), want in BUBBLE_CASES.items():
+        got = bubble(p, m, v)
         if not _close(got, want, 1e-9):
-            raise WrongAnswer(f"close to this run's measurements, but {p} stages and {m} micro-batches: you say "
-                              f"{got:.4f}, the schedule idles {want:.4f} of the step (count the micro-batch slots "
-                              "of a step and the ones a stage works in)")
-    passed("a step lasts m+p-1 micro-batch slots and each stage works in m of them: (p-1)/(m+p-1), for GPipe "
-           "and 1F1B alike (1F1B saves memory, not time)")
+            hint = (" With v chunks a micro-batch's slot on a rank is v times shorter: how many of those short "
+                    "slots does filling and draining the pipeline take, and how many does a rank work in?") if v > 1 else ""
+            raise WrongAnswer(f"close to this run's measurements, but {p} ranks, {m} micro-batches, {v} chunk(s) per "
+                              f"rank: you say {got:.4f}, the schedule idles {want:.4f} of the step.{hint}")
+    passed("each rank works in v*m slots of 1/v of a micro-batch's time and the pipeline fills and drains in p-1 "
+           "of them: (p-1)/(v*m+p-1); more chunks shrink the bubble at the price of v times the sends")
 
 
 def check_workers_needed(needed: Callable[[float, float], int], measured: Sequence[tuple[float, float]]) -> None:
@@ -338,7 +339,7 @@ def check_workers_needed(needed: Callable[[float, float], int], measured: Sequen
 
 
 __all__ = [
-    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_bubble_fraction", "check_lost_seconds", "check_optimizer_steps",
+    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_interleaved_bubble", "check_lost_seconds", "check_optimizer_steps",
     "check_ring_bytes", "check_small_files_plan", "check_smallest_stage", "check_srun_request",
     "check_strong_efficiency", "check_trials_at_once", "check_workers_needed", "exercise", "solutions_enabled",
 ]

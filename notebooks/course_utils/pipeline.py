@@ -6,7 +6,8 @@ stage 1 works on micro-batch 2. Until the pipeline is full and after it drains, 
 the *bubble*, a fraction (p-1)/(m+p-1) of the step for p stages and m micro-batches, whatever the
 schedule. GPipe runs every forward, then every backward (each stage holds the activations of all m
 micro-batches); 1F1B alternates one forward and one backward once the pipeline is full (stage s of p
-holds at most p-s).
+holds at most p-s). The interleaved 1F1B gives each rank several smaller stages (model chunks), so
+that the pipeline fills and drains in smaller slots.
 
 :class:`SimulatedWork` stands in for a stage's compute with a fixed time per micro-batch, forward
 and backward, so that the schedule's bubble is measured as the schedule makes it and not as a
@@ -25,12 +26,27 @@ from torch import nn
 
 from .timing import sync
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b")  # one stage per rank: what --train runs
+TIMED = (*SCHEDULES, "interleaved")  # and 1F1B over several model chunks per rank, timed beside them
+CHUNKS = 2  # model chunks per rank under the interleaved schedule (Megatron-LM's "virtual stages", v)
 
 
-def bubble_theory(stages: int, microbatches: int) -> float:
-    """The share of a pipeline step each stage waits, when every micro-batch takes the same time per stage."""
-    return (stages - 1) / (microbatches + stages - 1)
+def chunks(schedule: str) -> int:
+    """Model chunks (pipeline stages) each rank runs under ``schedule``."""
+    return CHUNKS if schedule == "interleaved" else 1
+
+
+def rank_stages(schedule: str, rank: int, ranks: int) -> list[int]:
+    """The pipeline stages rank ``rank`` runs: its own, or under the interleaved schedule every
+    ``ranks``-th of ``CHUNKS * ranks`` (rank 0 of 4: stages 0 and 4), so that a micro-batch goes
+    round the ranks ``CHUNKS`` times."""
+    return [rank + k * ranks for k in range(chunks(schedule))]
+
+
+def bubble_theory(stages: int, microbatches: int, chunks: int = 1) -> float:
+    """The share of a pipeline step each of ``stages`` ranks waits, when every micro-batch takes the same
+    time per rank, split evenly over ``chunks`` model chunks per rank (the exercise of notebook 09)."""
+    return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
 def held_theory(schedule: str, stages: int, microbatches: int, stage: int) -> int:
@@ -55,14 +71,14 @@ def schedule_order(schedule: str, stages: int, microbatches: int, stage: int) ->
 
 
 def schedule_class(name: str) -> type:
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    return {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[name]
 
 
 def min_microbatches(name: str, stages: int) -> int:
-    """torch's 1F1B needs at least one micro-batch per stage; GPipe runs with any number."""
-    return stages if name == "1f1b" else 1
+    """torch's 1F1B (interleaved too) needs at least one micro-batch per rank; GPipe runs with any number."""
+    return 1 if name == "gpipe" else stages
 
 
 def block_until_ready(x: torch.Tensor) -> None:

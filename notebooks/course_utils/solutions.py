@@ -59,9 +59,10 @@ def trials_at_once(nodes: int, node_cpus: float, node_gpus: float, trial_cpus: f
     return int(nodes * per_node)
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    # a step is m + p - 1 micro-batch slots long; each stage is busy in m of them
-    return (stages - 1) / (microbatches + stages - 1)
+def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
+    # a slot is a micro-batch through one chunk (1/v of a rank's time for it): a rank works in v*m slots,
+    # and the pipeline fills and drains in p-1 of them
+    return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
 def workers_needed(data_ms: float, compute_ms: float) -> int:
