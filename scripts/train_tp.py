@@ -22,6 +22,11 @@ GPUs of a node).
    whole global batch: the losses must agree. With --ckpt-dir, training resumes from the sharded
    checkpoint there (torch.distributed.checkpoint: every rank reads and writes its own shards) and
    writes one after the last step.
+4. The blocks with sequence parallelism (SequenceParallel on the layer norms, all-gathers and
+   reduce-scatters instead of all-reduces), fed this rank's slice of the sequence: the collectives,
+   and the activation bytes each plan saves for the backward pass.
+5. With a 2-D mesh, FSDP2 composed with the tensor-parallel split (torchtitan's order: parallelize_module
+   over "tp", then fully_shard over "dp"), trained --steps steps against the unsplit blocks.
 The last line is RESULT {json} (rank 0).
 """
 
@@ -42,10 +47,12 @@ from course_utils.tensor_parallel import (
     MLP,
     CollectiveBytes,
     ColumnRowMLP,
+    SavedActivations,
     allreduce_theory,
     average_over,
     build_blocks,
     megatron_plan,
+    sequence_parallel_plan,
 )
 
 
@@ -93,10 +100,11 @@ def with_dtensor(args: argparse.Namespace, mesh, x: torch.Tensor, sum_input_grad
     split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(x.device), mesh,
                                megatron_plan(args.blocks, sum_input_grads))
     x_dense, x_split = x.clone().requires_grad_(), x.clone().requires_grad_()
-    out_dense = dense(x_dense)
+    with SavedActivations(dense) as saved_dense:
+        out_dense = dense(x_dense)
     out_dense.square().mean().backward()
     forward, backward = CollectiveBytes(), CollectiveBytes()
-    with forward:
+    with forward, SavedActivations(split) as saved:
         out_split = split(x_split)
     with backward:
         out_split.square().mean().backward()
@@ -104,7 +112,35 @@ def with_dtensor(args: argparse.Namespace, mesh, x: torch.Tensor, sum_input_grad
     return {"forward": dict(forward.calls), "forward_bytes": dict(forward.bytes),
             "backward": dict(backward.calls), "backward_bytes": dict(backward.bytes),
             "output_gap": biggest_gap(out_dense, out_split), "input_grad_gap": biggest_gap(x_dense.grad, x_split.grad),
-            "params_this_rank": local, "params_whole": sum(p.numel() for p in dense.parameters())}
+            "params_this_rank": local, "params_whole": sum(p.numel() for p in dense.parameters()),
+            "saved_bytes": saved.bytes, "saved_bytes_unsplit": saved_dense.bytes}
+
+
+def with_sequence_parallel(args: argparse.Namespace, mesh, x: torch.Tensor) -> dict[str, object]:
+    """The blocks under ``sequence_parallel_plan``, fed this rank's slice of the sequence: the collectives,
+    the activation bytes saved for backward, and the gaps to the unsplit blocks on the same slice."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    t, rank = mesh.size(), mesh.get_local_rank()
+    if args.seq % t:
+        raise SystemExit(f"error: --seq {args.seq} must be a multiple of the {t} tensor-parallel ranks "
+                         "(sequence parallelism splits it)")
+    mine = slice(rank * args.seq // t, (rank + 1) * args.seq // t)
+    dense = build_blocks(args.hidden, args.heads, args.blocks).to(x.device)
+    split = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(x.device), mesh,
+                               sequence_parallel_plan(args.blocks))
+    x_dense, x_split = x.clone().requires_grad_(), x[:, mine].clone().requires_grad_()
+    out_dense = dense(x_dense)
+    out_dense.square().mean().backward()
+    forward, backward = CollectiveBytes(), CollectiveBytes()
+    with forward, SavedActivations(split) as saved:
+        out_split = split(x_split)
+    with backward:  # each rank's share of the unsplit loss: the sum over the ranks is that loss
+        (out_split.square().sum() / out_dense.numel()).backward()
+    return {"forward": dict(forward.calls), "forward_bytes": dict(forward.bytes),
+            "backward": dict(backward.calls), "backward_bytes": dict(backward.bytes),
+            "output_gap": biggest_gap(out_dense[:, mine], out_split),
+            "input_grad_gap": biggest_gap(x_dense.grad[:, mine], x_split.grad), "saved_bytes": saved.bytes}
 
 
 def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[float, list[float], int | None]:
@@ -163,6 +199,46 @@ def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[fl
     return worst, losses, resumed
 
 
+def train_fsdp_tp(args: argparse.Namespace, mesh, device: torch.device) -> dict[str, float]:
+    """torchtitan's order on the 2-D mesh: tensor parallel over mesh["tp"], then FSDP2 (``fully_shard``, each
+    block, then the whole) over mesh["dp"]; --steps SGD steps, each data-parallel group on its share of the
+    global batch (FSDP2 averages the gradients across the groups), against the unsplit blocks on the whole
+    batch. Returns the largest loss difference and the share of the weights each rank holds."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from course_utils.trainer import build_optimizer
+
+    dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    dense = build_blocks(args.hidden, args.heads, args.blocks).to(device)
+    model = parallelize_module(build_blocks(args.hidden, args.heads, args.blocks).to(device), mesh["tp"],
+                               megatron_plan(args.blocks))
+    for block in model:
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt_dense = build_optimizer(dense.parameters(), "sgd", lr=0.05, momentum=0.9)
+    opt = build_optimizer(model.parameters(), "sgd", lr=0.05, momentum=0.9)
+    worst = 0.0
+    for step in range(args.steps):
+        gen = torch.Generator().manual_seed(100 + step)  # the same global batches as train_both
+        x = torch.randn(dp * args.batch, args.seq, args.hidden, generator=gen).to(device)
+        y = torch.randn(dp * args.batch, args.seq, args.hidden, generator=gen).to(device)
+        opt_dense.zero_grad()
+        whole = torch.nn.functional.mse_loss(dense(x), y)
+        whole.backward()
+        opt_dense.step()
+        opt.zero_grad()
+        mine = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
+        loss = torch.nn.functional.mse_loss(model(x[mine]), y[mine])
+        loss.backward()  # FSDP2 reduce-scatters the gradients over "dp", averaged
+        opt.step()
+        shared = loss.detach().clone()
+        dist.all_reduce(shared, group=mesh["dp"].get_group())
+        worst = max(worst, abs(whole.item() - shared.item() / dp))
+    here = sum(p.to_local().numel() for p in model.parameters())
+    return {"loss_gap": worst, "params_this_rank": here, "params_whole": sum(p.numel() for p in dense.parameters())}
+
+
 def main() -> int:
     args = build_parser().parse_args()
     with cdist.session(args.device) as (info, device):
@@ -179,15 +255,17 @@ def main() -> int:
         x = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
         hand = by_hand(args.hidden, mesh["tp"].get_local_rank(), tp, x, mesh["tp"].get_group())
         plans = {"each layer's own input": with_dtensor(args, mesh["tp"], x, False),
-                 "inputs as one DTensor": with_dtensor(args, mesh["tp"], x, True)}
+                 "inputs as one DTensor": with_dtensor(args, mesh["tp"], x, True),
+                 "sequence parallel": with_sequence_parallel(args, mesh["tp"], x)}
         loss_gap, losses, resumed = train_both(args, mesh, device)
+        fsdp_tp = train_fsdp_tp(args, mesh, device) if ranks > tp else None  # a 2-D mesh: FSDP2 over dp
         gaps = [None] * ranks
         dist.all_gather_object(gaps, (hand, {k: (v["output_gap"], v["input_grad_gap"]) for k, v in plans.items()},
                                       loss_gap, socket.gethostname()))
         theory = allreduce_theory(args.batch, args.seq, args.hidden, args.blocks, x.element_size())
         for name, r in plans.items():
             cdist.print0(f"DTensor, {name}: forward {r['forward']} {r['forward_bytes']} B, backward {r['backward']} "
-                         f"{r['backward_bytes']} B; {r['params_this_rank']:,} of {r['params_whole']:,} parameters here")
+                         f"{r['backward_bytes']} B; {r['saved_bytes']:,} B of activations saved for backward")
         cdist.print0(f"Megatron's split: {theory['forward_calls']} all-reduces of {theory['forward_bytes']:,} B forward, "
                      f"{theory['backward_calls']} of {theory['backward_bytes']:,} B backward")
         hosts, per_host = [g[3] for g in gaps], cdist.ranks_per_host()  # (a collective: every rank)
@@ -202,6 +280,7 @@ def main() -> int:
                                             "input_grad_gap": max(g[1][name][1] for g in gaps)}
                                      for name, r in plans.items()},
                          "theory": theory, "train_loss_gap": max(g[2] for g in gaps), "losses": losses,
+                         "fsdp_tp": fsdp_tp,
                          "resumed_from": resumed,
                          "shape": {k: getattr(args, k) for k in ("hidden", "heads", "blocks", "batch", "seq")}})
     return 0

@@ -616,7 +616,7 @@ def test_slurm_pattern_on_its_site(site, pattern):
         tp = script_module("train_tp.py").build_parser().parse_args(shlex.split(flags))
         world = int(opts["--nodes"]) * ranks
         assert ranks <= gpus and world % gpus == 0 and tp.heads % gpus == 0 and 4 * tp.hidden % gpus == 0
-        assert tp.hidden % tp.heads == 0
+        assert tp.hidden % tp.heads == 0 and tp.seq % gpus == 0
         return
     assert ranks <= gpus, "one rank per GPU"
     cfg = config(flags)
@@ -831,7 +831,7 @@ def test_09_tensor_parallel(full):
     # train_tp.py's own condition (it refuses otherwise), and whole attention heads
     ranks = tp_plan.nproc
     assert ranks % tp_size == 0 and args.heads % tp_size == 0 and 4 * args.hidden % tp_size == 0
-    assert args.hidden % args.heads == 0
+    assert args.hidden % args.heads == 0 and args.seq % tp_size == 0  # sequence parallelism splits the sequence
     dp = ranks // tp_size
     if tp_plan.device == "cuda":
         # the unsplit blocks on the global batch, fp32: 12 h^2 weights a block (x4 with gradients and momentum),
@@ -840,7 +840,8 @@ def test_09_tensor_parallel(full):
         weights = 4 * 4 * 12 * h * h * args.blocks
         acts = 4 * args.blocks * b * s * (16 * h + args.heads * s)
         assert fits(t, 2 * (weights + acts) + CUDA_CONTEXT_BYTES), "the unsplit and the split blocks"
-    flops = 6 * 12 * args.hidden**2 * args.batch * dp * args.seq * args.blocks * (args.steps + 3)
+    # the two plans, sequence parallelism, --steps of the 2-D layout and (dp > 1) of FSDP2 on it, each beside the unsplit
+    flops = 6 * 12 * args.hidden**2 * args.batch * dp * args.seq * args.blocks * (2 * args.steps + 4)
     est = STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY if tp_plan.device == "cuda" else 20e9)
     assert full.pick("09", "tp_run / run_script(train_tp.py) / timeout_s=") >= TIMEOUT_MARGIN * est
 

@@ -151,6 +151,67 @@ def megatron_plan(blocks: int, sum_input_grads: bool = True) -> dict[str, Any]:
     return plan
 
 
+def sequence_parallel_plan(blocks: int) -> dict[str, Any]:
+    """:func:`megatron_plan` with sequence parallelism (Korthikanti et al., 2022; torch's ``SequenceParallel``):
+    between the tensor-parallel regions the activations (the residual stream, the layer norms) stay split
+    by sequence over the ranks. Each region's input is all-gathered (``PrepareModuleInput``: a shard of the
+    sequence in, the whole sequence out) and the row-parallel layer reduce-scatters its output by sequence
+    instead of all-reducing it. The blocks then take and return this rank's slice of the sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {}
+    for i in range(blocks):
+        for norm, part, first, second in (("ln1", "attn", ("q", "k", "v"), "o"), ("ln2", "mlp", ("fc1",), "fc2")):
+            plan[f"{i}.{norm}"] = SequenceParallel()
+            plan[f"{i}.{part}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan.update({f"{i}.{part}.{name}": ColwiseParallel() for name in first})
+            plan[f"{i}.{part}.{second}"] = RowwiseParallel(output_layouts=Shard(1))
+    return plan
+
+
+def wire_bytes(op: str, handed: int, ranks: int) -> float:
+    """Bytes each rank sends for a collective handed ``handed`` bytes per rank, by the ring algorithm
+    (notebook 02): an all-reduce sends 2(t-1)/t of its tensor, a reduce-scatter (t-1)/t of its input,
+    an all-gather t-1 times its input (each rank's shard goes round the other t-1)."""
+    share = {"all_reduce": 2 * (ranks - 1) / ranks, "allreduce": 2 * (ranks - 1) / ranks,
+             "reduce_scatter_tensor": (ranks - 1) / ranks, "all_gather_into_tensor": ranks - 1}
+    if op not in share:
+        raise ValueError(f"no ring formula for {op}: one of {', '.join(share)}")
+    return handed * share[op]
+
+
+class SavedActivations:
+    """Counts the bytes autograd saves for the backward pass inside it, parameters left out: the
+    activation memory of a forward pass on this rank (a DTensor counted by its local shard)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.params = {(p.to_local() if hasattr(p, "to_local") else p).data_ptr() for p in model.parameters()}
+        self.seen: set[int] = set()
+        self.bytes = 0
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        key = local.data_ptr()
+        if key not in self.params and key not in self.seen:  # a tensor saved twice is held once
+            self.seen.add(key)
+            self.bytes += local.numel() * local.element_size()
+        return t
+
+    def __enter__(self) -> SavedActivations:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+
+
 def average_over(group: Any, model: nn.Module, ranks: int) -> None:
     """Data parallelism by hand over ``group``: every gradient (a DTensor's local shard, or a whole tensor)
     all-reduced and divided by the ``ranks`` that computed it, as DDP does."""
