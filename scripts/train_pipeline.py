@@ -314,8 +314,11 @@ def main() -> int:
                 every = gathered(mine)
                 step_s = max(r["step_s"] for r in every)  # the step ends when the last stage is done
                 one_chunk = chunks(name) == 1  # the activations held and the order: written down for one
+                # the share of the step a stage was not computing, from when its passes ran (a sleep that
+                # overran on a busy machine counts as the compute it stands for), averaged over the stages
+                busy = [sum(end - start for _, start, end in r["events"]) for r in every]
                 rows.append({"schedule": name, "microbatches": m, "chunks": chunks(name), "step_s": step_s,
-                             "bubble": 1 - m * 3 * args.compute_ms / 1000 / step_s,
+                             "bubble": 1 - sum(busy) / len(busy) / step_s,
                              "theory": bubble_theory(stages, m), "held": [r["held"] for r in every],
                              "held_theory": [held_theory(name, stages, m, s) for s in range(stages)] if one_chunk else None,
                              "bare_s": max(r["bare_s"] for r in every), "events": [r["events"] for r in every],
