@@ -2,6 +2,7 @@
 
 import gzip
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -174,3 +175,60 @@ def test_jpeg_decoding_on_a_gpu_is_one_nvjpeg_call_per_batch_timed_after_the_gpu
     decode_rate(jpegs, "cpu", repeats=1, decode=decode, synchronize=no_gpu)
     assert events == [("decode", 1, "cpu")] * 16, "one image per call, on the CPU, warm-up and one repeat"
     assert decode_rate(jpegs, "cpu", repeats=1, synchronize=no_gpu) > 0  # torchvision's decoder, for real
+
+
+class _Slow(torch.utils.data.Dataset):
+    """Samples that take a fixed time to prepare (a sleep: the CPU stays free, so the machine's load does not
+    change it), as a decoder's would."""
+
+    def __init__(self, n, seconds):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        time.sleep(self.seconds)
+        return torch.zeros(3), index
+
+
+def test_the_dlio_method_measures_the_steady_state_and_the_rule_reaches_its_utilisation():
+    """Notebook 10's rule, on batches of a known cost (8 sleeps of 15 ms, a little more as measured): with compute
+    1.25 times one worker's time per batch, one worker keeps the 'accelerator' busy (DLIO's 90%); with compute 1.6
+    times shorter, one worker keeps it busy about 1 / 1.6 of the time, and two (the rule's ceil(1.6)) do again.
+    Batches this slow leave room for the hand-over (a few ms on a loaded machine) within the 10%."""
+    from course_utils.data.formats import AU_EXPECTED, Repeated, emulate_training
+
+    stream = Repeated(_Slow(8, 0.015), 8 * 40)
+    assert len(stream) == 320 and stream[9][1] == 1, "the samples, cycled"
+    alone = emulate_training(data.make_loader(stream, 8, workers=1), 0.0, steps=6)
+    worker_s = alone["median_step_ms"] / 1000  # as the notebook does: the rule takes a worker's measured time
+    assert worker_s >= 8 * 0.015 and alone["au"] == 0.0, alone
+    kept = emulate_training(data.make_loader(stream, 8, workers=1), 1.25 * worker_s, steps=6)
+    short = emulate_training(data.make_loader(stream, 8, workers=1), worker_s / 1.6, steps=6)
+    rule = emulate_training(data.make_loader(stream, 8, workers=2), worker_s / 1.6, steps=6)
+    assert kept["warmup"] == 2 and rule["warmup"] == 4, "workers x prefetch_factor (2) steps left out"
+    assert kept["au"] >= AU_EXPECTED and rule["au"] >= AU_EXPECTED, (alone, kept, rule)
+    assert 0.45 < short["au"] < 0.8, f"one worker delivers a batch every {worker_s:.3f} s, the step asks for 1.6: {short}"
+
+
+def test_the_dlio_method_says_how_to_get_enough_batches():
+    from course_utils.data.formats import emulate_training
+
+    with pytest.raises(ValueError, match="Repeated"):
+        emulate_training(data.make_loader(_Slow(64, 0.0), 8, workers=2), 0.001, steps=5)  # 1 + 4 + 5 > 8 batches
+
+
+def test_reading_with_several_processes_at_once(tmp_path):
+    """read_at_once: every file read once by one of the readers, however many; more readers than files idle."""
+    from course_utils.data.formats import read_at_once
+
+    files = []
+    for i in range(5):
+        files.append(tmp_path / f"f{i}.bin")
+        files[-1].write_bytes(bytes(100_000))
+    for readers in (1, 3, 8):
+        out = read_at_once(files, readers, repeats=1)
+        assert out["files"] == 5 and out["seconds"] > 0 and out["mib_per_s"] > 0, out
+    with pytest.raises(ValueError, match="at least one reader"):
+        read_at_once(files, 0)

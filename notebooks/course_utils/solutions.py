@@ -65,7 +65,9 @@ def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
     return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
-def workers_needed(data_ms: float, compute_ms: float) -> int:
-    # k workers deliver k batches every data_ms; a step consumes one every compute_ms; at least one
-    # worker, so that the next batch is prepared while the step runs
-    return max(1, math.ceil(data_ms / compute_ms))
+def plan_workers(worker_ms: float, compute_ms: float, cores: int) -> tuple[int, float]:
+    # k workers deliver k batches every worker_ms and a step takes one every compute_ms: ceil(worker_ms / compute_ms)
+    # would keep up, but the rank has cores - 1 for workers (one runs the training process), and at least one
+    workers = max(1, min(math.ceil(worker_ms / compute_ms), cores - 1))
+    # the device computes compute_ms out of every max(compute_ms, worker_ms / workers)
+    return workers, min(1.0, workers * compute_ms / worker_ms)

@@ -4,11 +4,14 @@ Parallel file systems (Lustre on FT3 and Frontera) stream big files fast but
 pay a metadata round trip for every file created; home directories are often
 NFS with small quotas. Writing the same bytes as one file and as thousands of
 small ones, with and without ``fsync``, shows the difference on each folder.
+Notebook 10 also flushes and drops the pages of its data sets here, and reads
+what ``data/stage.sh`` printed when it copied one to a node (:func:`staged_copies`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -82,9 +85,19 @@ def _write_files(folder: Path, n_files: int, file_bytes: int, fsync: bool) -> fl
     return time.perf_counter() - start
 
 
+def sync_files(paths: Iterable[Path]) -> None:
+    """Flush each file to the storage (``fsync``), as a data set copied there would be: dropping the cached
+    pages of a file (:func:`drop_cached_pages`) only works for pages already written."""
+    for path in paths:
+        with open(path, "rb+") as fh:
+            os.fsync(fh.fileno())
+
+
 def drop_cached_pages(paths: Iterable[Path]) -> None:
     """Ask the kernel to forget the cached pages of ``paths`` (clean pages: they were fsync'd), so the
-    next read comes from the storage. Metadata caches stay warm: this flatters many small files."""
+    next read comes from the storage. To do so it opens every file, so a timed read right after finds each
+    file's metadata (its directory entry and inode) in this node's caches: this flatters many small files,
+    whose cost on a parallel file system is a metadata request per open."""
     for path in paths:
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -92,6 +105,31 @@ def drop_cached_pages(paths: Iterable[Path]) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+# What data/stage.sh prints for each node: the copy it made and how long it took, or that the copy was there
+_STAGED = re.compile(r"staged (?P<name>\S+) on (?P<node>[^:\s]+): (?:(?P<mib>\d+) MiB, \s*(?P<files>\d+) files, "
+                     r"from (?P<source>.+) to (?P<target>.+) in (?P<ms>\d+) ms|already there \((?P<there>.+)\))")
+
+
+def staged_copies(log: str) -> list[dict]:
+    """The lines ``data/stage.sh`` printed in ``log``, one per node (and per call), parsed: ``name``,
+    ``node``, ``ms`` (the copy's milliseconds; None where the node found the copy already there, made by
+    an earlier call or by another task on the same path) and ``target`` (where the copy is). Two tasks that
+    copy to the same path at once both print a time; the second's rename fails and its copy is deleted."""
+    found = []
+    for line in log.splitlines():
+        if not line.startswith("staged "):
+            continue
+        match = _STAGED.fullmatch(line.strip())
+        if match is None:
+            raise ValueError(f"a line of data/stage.sh that this parser does not know: {line!r}. If stage.sh's "
+                             "messages changed, change course_utils.storage.staged_copies with them")
+        copied = match["ms"] is not None
+        # a copy's line names the folder it copied into; the copy is that folder's <name>
+        found.append({"name": match["name"], "node": match["node"], "ms": int(match["ms"]) if copied else None,
+                      "target": f"{match['target']}/{match['name']}" if copied else match["there"]})
+    return found
 
 
 def _read_files(folder: Path, n_files: int) -> float:

@@ -8,17 +8,22 @@
   to back: few files, streamed.
 
 Each reader is a ``Dataset`` a ``DataLoader`` drives as in training; ``read_epoch`` times one pass
-with the pages of the files dropped from this node's cache first, as notebook 00 does for its files.
-``step_breakdown`` splits a training step of a JPEG-reading job into read, decode, host-to-device
-copy and compute; ``emulate_training`` is the DLIO benchmark's method: compute replaced by a sleep of
-its measured time, to see whether the input pipeline keeps up.
+with the pages of the files dropped from this node's cache first, as notebook 00 does for its files;
+``read_at_once`` opens and reads a folder's files with several processes at once, as the ranks of a
+job do. ``step_breakdown`` splits a training step of a JPEG-reading job into read, decode,
+host-to-device copy and compute; ``emulate_training`` is the DLIO benchmark's method: compute replaced
+by a sleep of its measured time, to see whether the input pipeline keeps up in steady state.
 """
 
 from __future__ import annotations
 
-import os
+import math
+import multiprocessing
+import queue
 import shutil
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +31,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..storage import drop_cached_pages
+from ..storage import drop_cached_pages, sync_files
 from .loaders import make_loader
 
 FORMATS = ("png", "jpeg", "npy", "shards")
 SUFFIX = {"png": ".png", "jpeg": ".jpg"}
+AU_EXPECTED = 0.90
+"""DLIO's default expectation (its ``au`` setting): a run keeps up when the accelerator computes at least
+90% of the time (``train_au_meet_expectation`` in its summary)."""
 
 
 @dataclass
@@ -71,9 +79,7 @@ def write_format(fmt: str, images: torch.Tensor, labels: torch.Tensor, folder: s
     else:
         write_shards(images, labels, folder, per_shard, source=source)
     files = files_in(folder)
-    for path in files:
-        with open(path, "rb+") as fh:
-            os.fsync(fh.fileno())
+    sync_files(files)
     return Written(fmt, folder, len(files), sum(p.stat().st_size for p in files), time.perf_counter() - start)
 
 
@@ -89,8 +95,9 @@ class _Timed:
 
 
 class ImageFiles(Dataset, _Timed):
-    """One PNG or JPEG file per image, ``<label>/<name>``: read the bytes, decode (torchvision.io, the
-    libraries PIL also uses), normalise."""
+    """One PNG or JPEG file per image, ``<label>/<name>``: read the bytes, decode with ``torchvision.io``
+    (the libpng and libjpeg that torchvision's wheel bundles; the shards' PNGs are decoded by Pillow, see
+    :mod:`.shards`), normalise."""
 
     def __init__(self, folder: str | Path, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.items = [(p, int(p.parent.name)) for p in files_in(folder)]
@@ -206,31 +213,103 @@ def step_breakdown(dataset: ImageFiles | ArrayImages, model: torch.nn.Module, de
     return {k: 1000 * v / max(done, 1) for k, v in parts.items()}
 
 
-def emulate_training(loader: DataLoader, compute_s: float, steps: int) -> dict[str, float]:
+class Repeated(Dataset):
+    """``dataset``'s samples over and over, ``length`` of them: the DLIO method times many steps in steady
+    state, more than a small data set has batches (the cost of a sample does not depend on how often it is
+    read: the files are on node-local storage or in the page cache either way)."""
+
+    def __init__(self, dataset: Dataset, length: int) -> None:
+        self.dataset, self.length = dataset, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        return self.dataset[index % len(self.dataset)]
+
+
+def emulate_training(loader: DataLoader, compute_s: float, steps: int, warmup: int | None = None) -> dict[str, float]:
     """The DLIO benchmark's method: each step waits for its batch, then sleeps ``compute_s`` where a GPU
-    would compute (the CPU is free meanwhile, as it is while a GPU works). Returns the mean step time, the
-    mean wait for data, and the share of the step the 'GPU' is busy. The loader must hold ``steps`` + 1 full
-    batches (the first is left out; a short last batch would flatter the wait)."""
+    would compute (the CPU is free meanwhile, as it is while a GPU works).
+
+    Timed in steady state: the first batch (worker start-up, paid once per epoch) and then ``warmup`` more
+    steps are left out; by default workers x prefetch_factor steps, the batches the workers prepared ahead
+    while the first was awaited, which a short run would consume without waiting. Returns the mean step
+    time, its median (a burst of other work on the machine moves the mean, not the median), the mean wait for
+    data, and the accelerator utilisation (DLIO's AU): the share of the time the 'accelerator' computes. The loader must hold 1 + ``warmup`` + ``steps`` full batches (:class:`Repeated`
+    makes a small data set long enough)."""
+    if warmup is None:
+        warmup = loader.num_workers * (loader.prefetch_factor or 0)
+    needed = 1 + warmup + steps
     full = len(loader.dataset) // loader.batch_size
-    if steps + 1 > full:
-        raise ValueError(f"{steps} timed steps need {steps + 1} full batches of {loader.batch_size}; the loader holds "
-                         f"{full}: ask for at most {full - 1} steps, or give it more images")
-    waits = []
+    if needed > full:
+        raise ValueError(f"{steps} timed steps after {1 + warmup} untimed ones need {needed} full batches of "
+                         f"{loader.batch_size}; the loader holds {full}: give it more samples "
+                         f"(formats.Repeated(dataset, {needed * loader.batch_size})) or ask for fewer steps")
+    waits, ends = [], []
     it = iter(loader)
-    next(it)  # worker start-up is paid once per epoch, not per step: left out
+    for _ in range(1 + warmup):  # start-up and the batches prepared ahead: not the steady state
+        next(it)
+        time.sleep(compute_s)
     start = time.perf_counter()
     for _ in range(steps):
         asked = time.perf_counter()
-        try:
-            next(it)
-        except StopIteration:
-            break
+        next(it)
         waits.append(time.perf_counter() - asked)
         time.sleep(compute_s)
-    elapsed = time.perf_counter() - start
-    step = elapsed / max(len(waits), 1)
-    return {"step_ms": 1000 * step, "wait_ms": 1000 * sum(waits) / max(len(waits), 1),
-            "busy": compute_s / step, "steps": len(waits)}
+        ends.append(time.perf_counter())
+    step = (ends[-1] - start) / steps
+    each = sorted(b - a for a, b in zip([start, *ends[:-1]], ends))
+    del it  # the workers stop here, not when the caller's next loader starts its own
+    return {"step_ms": 1000 * step, "median_step_ms": 1000 * each[len(each) // 2], "wait_ms": 1000 * sum(waits) / steps,
+            "au": compute_s / step, "steps": steps, "warmup": warmup}
+
+
+def _read_share(files: Sequence[Path], repeats: int, barrier, spans) -> None:
+    """One reader of :func:`read_at_once`: at each repeat, wait for the others, then open and read each file."""
+    for _ in range(repeats):
+        barrier.wait()
+        start = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process of the machine
+        for path in files:
+            with open(path, "rb", buffering=0) as fh:
+                while fh.read(1 << 20):
+                    pass
+        spans.put((start, time.perf_counter()))
+
+
+def read_at_once(files: Sequence[Path], readers: int, repeats: int = 3) -> dict[str, float]:
+    """Open and read ``files`` (the bytes, nothing decoded) with ``readers`` processes at once, reader r
+    taking files r, r + readers, ...: the ranks of a job each reading their share, as DLIO runs many ranks.
+    Before each repeat the files' cached pages are dropped (:func:`~course_utils.storage.drop_cached_pages`,
+    which leaves the metadata caches warm); the readers start together at a barrier, and the time runs from
+    the first start to the last end, best of ``repeats``. More readers than files leaves some idle, as
+    ranks without a shard would be."""
+    if readers < 1 or not files:
+        raise ValueError("read_at_once needs at least one reader and one file")
+    context = multiprocessing.get_context("fork")  # the readers need nothing from this process but the paths
+    barrier, spans = context.Barrier(readers + 1), context.Queue()  # this process opens each repeat's barrier
+    procs = [context.Process(target=_read_share, args=(files[r::readers], repeats, barrier, spans), daemon=True)
+             for r in range(readers)]
+    for proc in procs:
+        proc.start()
+    best = math.inf
+    try:
+        for _ in range(repeats):
+            drop_cached_pages(files)  # every reader has finished the last repeat: no page is being read
+            barrier.wait(timeout=300)
+            times = [spans.get(timeout=300) for _ in procs]
+            best = min(best, max(end for _, end in times) - min(start for start, _ in times))
+    except (queue.Empty, threading.BrokenBarrierError):
+        codes = [proc.exitcode for proc in procs]
+        raise RuntimeError(f"a reader did not start or report within 300 s (exit codes {codes}): check that the "
+                           "files are readable and that the machine is not out of memory") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+    nbytes = sum(path.stat().st_size for path in files)
+    return {"seconds": best, "files": len(files), "files_per_s": len(files) / best, "mib_per_s": nbytes / 2**20 / best}
 
 
 def decoders_to_time(device_type: str) -> list[str]:
