@@ -117,9 +117,10 @@ if ckpt and cfg.resume and (ckpt / "latest").exists():
         print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
 
 grad_bytes, images_per_s, counted = 0, None, None  # (None: every epoch was done before this run)
-# collectives are counted over the untimed first steps only, then the logger is switched off (it syncs every call)
+# collectives are counted over the untimed first steps only, then both counts are switched off (the logger syncs
+# every call, the dispatcher's count runs Python for every op)
 first_step, count_window = engine.global_steps, max(1, cfg.untimed_steps // cfg.grad_accum)
-start_counting_collectives()
+counter = start_counting_collectives()
 for epoch in range(first_epoch, cfg.epochs):
     set_epoch(loader, epoch)  # a new shuffle every epoch, the same on every rank
     engine.train()
@@ -135,7 +136,7 @@ for epoch in range(first_epoch, cfg.epochs):
         grad_bytes = max(grad_bytes, zero_gradient_bytes(engine, optimizer))
         engine.step()  # at the accumulation boundary: clip, optimizer step on this rank's shard, gather
         if counted is None and engine.global_steps - first_step >= count_window:
-            counted = stop_counting_collectives(engine.global_steps - first_step, world)
+            counted = stop_counting_collectives(counter, engine.global_steps - first_step, world)
         meter.step_done(len(y))
         total, count = total + loss.detach(), count + 1  # no .item(): no host sync per step
     meter.stop()
@@ -153,6 +154,8 @@ for epoch in range(first_epoch, cfg.epochs):
                 if old.name != tag:
                     shutil.rmtree(old, ignore_errors=True)
 
+if counted is None:  # fewer steps than the window: count them all (none, when every epoch was done before)
+    counted = stop_counting_collectives(counter, max(engine.global_steps - first_step, 1), world)
 memory = zero_memory(engine, optimizer, grad_bytes)
 allocated = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None  # the model state, now
 consolidated_diff = None
@@ -176,8 +179,7 @@ emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks
              "epochs": cfg.epochs, "global_step": engine.global_steps, "train_loss": losses, "val_loss": val_loss,
              "val_acc": val_acc, "images_per_s_per_rank": images_per_s, "psi": psi, "memory": memory,
              "theory": zero_theory(psi, world, args.zero_stage, precision, cfg.optimizer, cfg.momentum),
-             **dict(zip(("collectives_per_step", "sent_bytes_per_step"),  # (the window: the first steps, or all)
-                        counted or stop_counting_collectives(max(engine.global_steps - first_step, 1), world))),
+             "collectives": counted,  # per optimizer step, by DeepSpeed's comms logger and at the dispatcher
              "consolidated_max_abs_diff": consolidated_diff, "allocated_mib": allocated, "resumed_from": resumed_from,
              "final_weights": final_weights,
              "peak_memory_mib": peak_memory_mib(device)})

@@ -7,7 +7,7 @@ import pytest
 
 from course_utils.launch import LaunchError, run_script
 from course_utils.results import parse_result
-from course_utils.sharding import comm_theory, zero_theory
+from course_utils.sharding import comm_theory, deepspeed_comm, per_step, sent_per_rank, zero_theory
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
@@ -24,6 +24,37 @@ def test_theory_reproduces_the_zero_paper():
     assert [comm_theory(10**6, 8, s, grad_accum=4) / ring for s in range(4)] == pytest.approx([2, 2, 5, 12])
     with pytest.raises(ValueError, match="stage"):
         zero_theory(10, 2, 4)
+
+
+def test_bytes_sent_from_what_each_collective_is_given():
+    """DeepSpeed's comms logger and the dispatcher's count record the input of each call: the whole buffer of
+    an all-reduce or a reduce-scatter, this rank's shard of an all-gather. On 4 ranks a reduce-scatter of 4 MiB
+    and an all-gather of its 1 MiB shards each send 3 MiB from a rank, together what an all-reduce of 4 MiB sends
+    (taking the reduce-scatter's input for a shard would make it 12 MiB)."""
+    mib = 2**20
+    assert sent_per_rank("reduce_scatter_tensor", 4 * mib, 4) == 3 * mib
+    assert sent_per_rank("all_gather_into_tensor", 1 * mib, 4) == 3 * mib
+    assert sent_per_rank("all_reduce", 4 * mib, 4) == 6 * mib
+    with pytest.raises(ValueError, match="_RING"):
+        sent_per_rank("all_to_all", mib, 4)
+
+
+def test_deepspeed_collectives_against_the_paper():
+    """What DeepSpeed's ZeRO sends per step (deepspeed_comm) against the paper (comm_theory), 8 ranks, 4
+    micro-batches: stages 0 and 3 are the paper's; stages 1 and 2 all-reduce where the paper reduce-scatters,
+    one more pass of Psi per reduction: 1 for stage 1, 4 for stage 2. And a ZeRO-3 step as the logger records
+    it (2 x 4 all-gathers of a 1/8 shard, 4 reduce-scatters of the whole bf16 gradients), read back by per_step."""
+    psi, ranks, accum = 10**6, 8, 4
+    one_pass = 2 * psi * (ranks - 1) / ranks  # bf16 bytes a rank sends to reduce-scatter or all-gather Psi
+    ours = [sum(deepspeed_comm(psi, ranks, s, grad_accum=accum).values()) for s in range(4)]
+    paper = [comm_theory(psi, ranks, s, grad_accum=accum) for s in range(4)]
+    assert [(o - p) / one_pass for o, p in zip(ours, paper)] == pytest.approx([0, 1, accum, 0])
+    logged = per_step({"all_gather_into_tensor": 2 * accum, "reduce_scatter_tensor": accum, "barrier": 1},
+                      {"all_gather_into_tensor": 2 * accum * 2 * psi / ranks, "reduce_scatter_tensor": accum * 2 * psi,
+                       "barrier": 0}, steps=1, ranks=ranks)
+    assert {op: r["sent"] for op, r in logged.items()} == pytest.approx(deepspeed_comm(psi, ranks, 3, grad_accum=accum))
+    with pytest.raises(ValueError, match="stage"):
+        deepspeed_comm(psi, ranks, 4)
 
 
 def test_one_process_without_a_launcher_and_one_line_errors(tmp_path):

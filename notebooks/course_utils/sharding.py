@@ -6,7 +6,10 @@ bf16 weights, 2 Psi of bf16 gradients and 12 Psi of optimizer state (an fp32 mas
 weights, Adam's two moments). ZeRO stage 1 shards the optimizer state across the N ranks, stage 2
 also the gradients, stage 3 also the weights (:func:`zero_theory`). The price is communication:
 stages 0-2 move what an all-reduce of the gradients moves, stage 3 also all-gathers the weights
-in the forward and again in the backward pass (:func:`comm_theory`).
+in the forward and again in the backward pass (:func:`comm_theory`). DeepSpeed's collectives differ
+from the paper's in places (:func:`deepspeed_comm`); what they send is counted twice, by DeepSpeed's
+comms logger and at torch's dispatcher (:class:`C10dCollectives`), and read as a ring sends it
+(:func:`sent_per_rank`).
 
 What a rank holds is measured from the tensors DeepSpeed and FSDP2 keep (:func:`zero_memory`,
 :func:`fsdp_memory`), and on a GPU from the allocator too. Helpers for the two scripts,
@@ -18,17 +21,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .collectives import bytes_sent_per_rank
 from .config import TrainConfig, unsupported
 from .devices import PlacementError
 from .dist import DistEnv, RendezvousError, free_port, init_distributed
 from .models import CHECKPOINTABLE
 from .precision import resolve_precision
+from .tensor_parallel import CollectiveBytes
 
 STAGES = (0, 1, 2, 3)
 PARTS = ("params", "gradients", "optimizer")
@@ -71,6 +77,52 @@ def comm_theory(psi: int, ranks: int, stage: int, precision: str = "bf16", grad_
     element = 4 if precision == "fp32" else 2
     passes = {0: 2, 1: 2, 2: grad_accum + 1, 3: 3 * grad_accum}[stage]
     return passes * psi * element * (ranks - 1) / ranks
+
+
+def deepspeed_comm(psi: int, ranks: int, stage: int, precision: str = "bf16", grad_accum: int = 1) -> dict[str, float]:
+    """Bytes one rank sends per optimizer step in each collective DeepSpeed 0.19 runs for ZeRO ``stage`` with the
+    course's configuration (:func:`ds_config`), by the name its comms logger gives it: where :func:`comm_theory`
+    counts the paper's collectives, this counts DeepSpeed's (read in deepspeed/runtime/).
+
+    Every collective carries the weights' dtype: ``communication_data_type`` defaults to bf16 or fp16 when the
+    weights are (fp32 otherwise, engine.py:1719-1730), and so does the dtype gradients accumulate in
+    (get_data_types, engine.py:1799-1810). Stage 0 all-reduces the accumulated gradients once per step
+    (allreduce_bucket, engine.py:3795-3821). Stages 1 and 2 all-reduce each bucket of gradients and keep their
+    part of it (use_multi_rank_bucket_allreduce, on by default, zero/stage_1_and_2.py:1695-1711), 2 Psi per
+    reduction where the paper's reduce-scatter sends Psi: stage 1 at the step, stage 2 every micro-batch; then
+    both all-gather the updated weights once (all_gather_dp_groups, utils.py:1008-1016). Stage 3, set by
+    :func:`ds_config` to free each weight after use, does what the paper says: it all-gathers the weights in
+    each micro-batch's forward and again in its backward pass (zero/partition_parameters.py:1540-1601) and
+    reduce-scatters the gradients (zero/stage3.py:1912-1931, runtime/comm/coalesced_collectives.py:81-130).
+    """
+    if stage not in STAGES:
+        raise ValueError(f"ZeRO stage must be one of {STAGES}, not {stage!r}")
+    ring = psi * (4 if precision == "fp32" else 2) * (ranks - 1) / ranks  # one reduce-scatter or all-gather of Psi
+    return {0: {"all_reduce": 2 * ring},
+            1: {"all_reduce": 2 * ring, "all_gather_into_tensor": ring},
+            2: {"all_reduce": 2 * grad_accum * ring, "all_gather_into_tensor": ring},
+            3: {"all_gather_into_tensor": 2 * grad_accum * ring, "reduce_scatter_tensor": grad_accum * ring}}[stage]
+
+
+# How a ring sends each collective, by the name DeepSpeed's comms logger gives it: its kind (the share of the
+# whole buffer each rank sends: collectives.BUS_FACTORS), and whether the tensor a call is given, which the
+# logger and C10dCollectives measure, is this rank's shard (the all-gathers) or the whole buffer (the rest)
+_RING = {"all_reduce": ("all_reduce", False), "all_reduce_coalesced": ("all_reduce", False),
+         "inference_all_reduce": ("all_reduce", False), "reduce": ("reduce", False),
+         "broadcast": ("broadcast", False), "all_gather": ("all_gather", True),
+         "all_gather_into_tensor": ("all_gather", True), "reduce_scatter": ("reduce_scatter", False),
+         "reduce_scatter_tensor": ("reduce_scatter", False)}
+
+
+def sent_per_rank(op: str, input_bytes: float, ranks: int) -> float:
+    """Bytes one rank sends in the ring collective ``op`` whose input is ``input_bytes``: (N-1)/N of the whole
+    buffer for a reduce-scatter or an all-gather, twice that for an all-reduce. The whole buffer is the input
+    of an all-reduce or a reduce-scatter, and N inputs of an all-gather, whose input is this rank's shard.
+    (Taking a reduce-scatter's input for a shard counts N times what it sends.)"""
+    if op not in _RING:
+        raise ValueError(f"no ring factor for the collective {op!r}: add it to course_utils.sharding._RING")
+    kind, shard = _RING[op]
+    return bytes_sent_per_rank(kind, input_bytes * ranks if shard else input_bytes, ranks)
 
 
 # --------------------------------------------------------------------------- #
@@ -153,9 +205,15 @@ def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload:
     }
     if stage == 3:
         zero.update({
-            "stage3_prefetch_bucket_size": bucket_elements,
             # every weight is sharded, however small (the default keeps those under 1e5 whole)
             "stage3_param_persistence_threshold": 0,
+            # and gathered just before its layer runs, then freed, in the forward and again in the backward
+            # pass, as the paper's stage 3. DeepSpeed's defaults keep a gathered weight whole while it is used
+            # again within 1e9 elements (max_reuse_distance, zero/partitioned_param_coordinator.py:653-662) or
+            # its prefetcher reached its next use while it was still whole (5e7 elements, lines 452-471,
+            # 646-651): for this 4 M-parameter model, every weight from its forward to its backward pass
+            "stage3_max_reuse_distance": 0,
+            "stage3_prefetch_bucket_size": 0,
         })
     if offload:
         # the fp32 master weights, the moments and the optimizer step move to the CPU's memory
@@ -176,9 +234,9 @@ def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload:
         "zero_force_ds_cpu_optimizer": False,
         # ZeRO was tested by DeepSpeed with Adam-like optimizers; the course's SGD works too, when allowed
         "zero_allow_untested_optimizer": True,
-        # counts every collective DeepSpeed calls (read back by collectives_per_step). It also waits
+        # counts every collective DeepSpeed calls (read back by stop_counting_collectives). It also waits
         # for each collective to finish, so the script counts only during the untimed first steps
-        # and then switches it off (stop_counting_collectives): images/s is measured without it.
+        # and then switches it off: images/s is measured without it.
         "comms_logger": {"enabled": True, "verbose": False, "prof_all": True, "debug": False},
         "steps_per_print": 10**9,  # the course prints its own progress
     }
@@ -240,36 +298,87 @@ def zero_memory(engine: Any, optimizer: Any, gradient_bytes: int) -> dict[str, A
             "optimizer_device": ",".join(sorted(where))}
 
 
-def collectives_per_step(steps: int, ranks: int) -> tuple[dict[str, float], dict[str, float]]:
-    """How many times each collective ran per optimizer step, and the bytes this rank sent in each per
-    step as a ring sends them, from DeepSpeed's comms logger (which records each call's message size:
-    the whole buffer of an all-reduce, this rank's shard of an all-gather or a reduce-scatter)."""
-    from deepspeed.comm import comms_logger
+class C10dCollectives(CollectiveBytes):
+    """Notebook 09's count at torch's dispatcher (:class:`~course_utils.tensor_parallel.CollectiveBytes`),
+    extended to torch.distributed's eager collectives, the ones DeepSpeed calls. They reach the dispatcher
+    as ``c10d::allreduce_`` (a list of tensors), ``c10d::_allgather_base_`` and ``c10d::_reduce_scatter_base_``
+    (output first, input second), ...: each is counted under the name DeepSpeed's comms logger gives it,
+    with the bytes of its input, as the logger records them, and those bytes by dtype.
 
-    ring = {"all_reduce": 2 * (ranks - 1) / ranks, "all_reduce_coalesced": 2 * (ranks - 1) / ranks,
-            "all_gather": ranks - 1, "all_gather_into_tensor": ranks - 1, "reduce_scatter": ranks - 1,
-            "reduce_scatter_tensor": ranks - 1}
-    ops = {op: sizes for op, sizes in sorted(comms_logger.comms_dict.items()) if op not in ("barrier", "broadcast")}
-    calls = {op: round(sum(v[0] for v in sizes.values()) / steps, 2) for op, sizes in ops.items()}
-    sent = {op: sum(size * v[0] for size, v in sizes.items()) * ring.get(op, 1) / steps for op, sizes in ops.items()}
-    return calls, sent
+    It sees what reaches the process group, whoever called it: a collective DeepSpeed issued around its
+    logger (``deepspeed.comm``) would show here and not there.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = getattr(getattr(func, "_overloadpacket", None), "_qualified_op_name", "")
+        namespace, _, op = name.partition("::")
+        if namespace != "c10d" or op not in _EAGER:
+            return super().__torch_dispatch__(func, types, args, kwargs)  # torch's functional collectives, the rest
+        out = func(*args, **(kwargs or {}))
+        logged, position = _EAGER[op]
+        self.calls[logged] += 1
+        for t in _tensors_in(args[position]):
+            self.bytes[logged] += t.numel() * t.element_size()
+            self.dtypes[logged][str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
+        return out
 
 
-def start_counting_collectives() -> None:
-    """Forget the collectives of set-up (broadcasting and partitioning the model): count the steps only."""
+# torch.distributed's eager collectives as the dispatcher names them -> (the name DeepSpeed's logger gives the
+# deepspeed.comm call that issues it, which argument is the input the logger measures)
+_EAGER = {"allreduce_": ("all_reduce", 0), "allreduce_coalesced_": ("all_reduce", 0), "reduce_": ("reduce", 0),
+          "broadcast_": ("broadcast", 0), "allgather_": ("all_gather", 1),
+          "_allgather_base_": ("all_gather_into_tensor", 1),
+          "allgather_into_tensor_coalesced_": ("all_gather_into_tensor", 1),
+          "reduce_scatter_": ("reduce_scatter", 1), "_reduce_scatter_base_": ("reduce_scatter_tensor", 1),
+          "reduce_scatter_tensor_coalesced_": ("reduce_scatter_tensor", 1)}
+
+
+def per_step(calls: Mapping[str, float], input_bytes: Mapping[str, float], steps: int, ranks: int,
+             dtypes: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, dict[str, Any]]:
+    """Each collective's calls and the bytes this rank sent in it (:func:`sent_per_rank`) per optimizer step,
+    from the calls and the input bytes counted over ``steps`` steps (a barrier carries no data: left out);
+    with ``dtypes`` (the input bytes of each collective by dtype), the bytes sent in each dtype too."""
+    def sent(op: str, nbytes: float) -> float:
+        return sent_per_rank(op, nbytes, ranks) / steps
+
+    return {op: {"calls": round(calls[op] / steps, 2), "sent": sent(op, input_bytes[op]),
+                 **({"by_dtype": {d: sent(op, b) for d, b in sorted(dtypes[op].items())}} if dtypes else {})}
+            for op in sorted(calls) if op != "barrier"}
+
+
+def start_counting_collectives() -> C10dCollectives:
+    """Count the collectives of the steps from here, twice: DeepSpeed's comms logger forgets those of set-up
+    (broadcasting and partitioning the model), and a :class:`C10dCollectives` is entered (returned, for
+    :func:`stop_counting_collectives`)."""
     from deepspeed.comm import comms_logger
 
     comms_logger.comms_dict.clear()
+    counter = C10dCollectives()
+    counter.__enter__()
+    return counter
 
 
-def stop_counting_collectives(steps: int, ranks: int) -> tuple[dict[str, float], dict[str, float]]:
-    """:func:`collectives_per_step` over the ``steps`` optimizer steps so far, then the comms logger off:
-    it synchronises after every collective, which would serialise communication in the timed steps."""
+def stop_counting_collectives(counter: C10dCollectives, steps: int, ranks: int) -> dict[str, dict[str, Any]]:
+    """Both counts over the ``steps`` optimizer steps since :func:`start_counting_collectives` (:func:`per_step`),
+    by the comms logger and at the dispatcher; then both off. The logger synchronises after every collective
+    and the dispatcher's count runs Python for every op: the timed steps run without either."""
     import deepspeed.comm
+    from deepspeed.comm import comms_logger
 
-    counted = collectives_per_step(steps, ranks)
+    counter.__exit__(None, None, None)
     deepspeed.comm.configure(enabled=False)
-    return counted
+    # the logger's record: {name: {message size: [calls, latencies, ...]}}. The size is that of the call's input
+    # (deepspeed/comm/comm.py:124, comm/utils.py:64-86: the argument named `tensor`, or `input_list`), which
+    # for reduce_scatter_tensor(output_tensor, tensor) is the whole buffer (comm.py:317-331), and for
+    # all_gather_into_tensor(output_tensor, tensor) this rank's shard (comm.py:334-343)
+    logged = comms_logger.comms_dict
+    logger = per_step({op: sum(v[0] for v in sizes.values()) for op, sizes in logged.items()},
+                      {op: sum(size * v[0] for size, v in sizes.items()) for op, sizes in logged.items()}, steps, ranks)
+    return {"logger": logger, "dispatcher": per_step(counter.calls, counter.bytes, steps, ranks, counter.dtypes)}
 
 
 # --------------------------------------------------------------------------- #
