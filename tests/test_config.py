@@ -116,17 +116,15 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
         small_trainer(tmp_path, epochs=3)
 
 
-def test_train_script_refuses_another_configuration_and_a_corrupt_checkpoint(tmp_path):
-    args = ["--epochs", 1, "--workers", 0, "--n-train", 128, "--n-val", 32, "--batch-size", 32,
-            "--ckpt-dir", tmp_path]
-    run_script("train.py", args, echo=False, timeout_s=300)
-    other = run_script("train.py", [*args, "--batch-size", 64], check=False, echo=False, timeout_s=300)
-    assert other.returncode == 2 and "Traceback" not in other.output
-    assert "was written by another configuration (batch_size 32 -> 64)" in other.output
+def test_train_script_turns_a_checkpoint_it_cannot_resume_into_one_line(tmp_path):
+    """Both refusals above (another configuration, an unreadable checkpoint) are CheckpointErrors, which
+    train.py turns into one line and exit status 2; one script run shows it (no training needed first)."""
     (tmp_path / "last.pt").write_bytes(b"\x00" * 100)
+    args = ["--epochs", 1, "--workers", 0, "--n-train", 128, "--n-val", 32, "--ckpt-dir", tmp_path]
     broken = run_script("train.py", args, check=False, echo=False, timeout_s=300)
     assert broken.returncode == 2 and "Traceback" not in broken.output
-    assert f"the checkpoint {tmp_path / 'last.pt'} is unreadable" in broken.output
+    last = broken.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: the checkpoint {tmp_path / 'last.pt'} is unreadable") and "delete it" in last, last
 
 
 def test_the_committed_config_files_are_valid():
