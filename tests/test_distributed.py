@@ -7,7 +7,6 @@ import sys
 import threading
 import time
 
-
 from course_utils.dist import free_port
 from course_utils.launch import child_env, run_script
 from course_utils.paths import REPO_ROOT
