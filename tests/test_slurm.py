@@ -92,12 +92,13 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # per pattern writes the launch lines), and every script's request is checked against the cluster with
 # `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
 # one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
-# plain script, and the sweep array; notebook 06 the Lightning pattern; the requeue test below Frontera's
-# requeue pattern (four tasks per node; notebook 05 requeues generic's, two tasks as on FT3); the Ray
-# test FT3's and Frontera's Ray patterns. What no notebook runs runs here: the plain script through the other generic
-# patterns, DeepSpeed on two nodes, and the 2-D pattern (tensor parallel inside each node, data parallel across).
-RUN_HERE = {("generic", "one_node"): "plain", ("generic", "multi_node_torchrun"): "plain",
-            ("generic", "sweep_array"): "plain", ("generic", "requeue"): "plain",
+# plain script, and the sweep array; notebook 05 and the requeue test below the requeue pattern; notebook 06
+# the Lightning pattern; the Ray test FT3's and Frontera's Ray patterns. What no notebook runs runs here: the plain script under torchrun's
+# rendezvous across nodes (one_node and requeue start the same torchrun on one node, and the same course_flags
+# leave a plain script's flags alone: their launch lines run in notebooks 04 and 05) and in the sweep, whose
+# trials hand it their flags; DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data
+# parallel across).
+RUN_HERE = {("generic", "multi_node_torchrun"): "plain", ("generic", "sweep_array"): "plain",
             ("ft3", "multi_node_deepspeed"): "course", ("generic", "multi_node_2d"): "2d"}
 TINY_2D = "--hidden 32 --heads 2 --blocks 1 --batch 2 --seq 8 --steps 2"
 
@@ -154,12 +155,14 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
 
 @needs_cluster
 def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path, uninterrupted):
-    """Frontera's requeue script (four ranks; notebook 05 requeues generic's two, FT3's layout): the warning
-    signal makes training checkpoint at its next step and stop; the job requeues, resumes after that step,
-    and ends bit for bit where a run that was never interrupted ends (same ranks, one thread each)."""
+    """The requeue pattern (generic's script, two ranks; Frontera's four-rank script is the same template with
+    other #SBATCH lines, its request checked by --test-only above): the warning signal makes training
+    checkpoint at its next step and stop; the job requeues, resumes after that step, and ends bit for bit
+    where a run that was never interrupted ends (same ranks, one thread each: the session's reference run
+    that test_fault_tolerance also compares with). Notebook 05 shows the requeue itself."""
     args = " ".join(RESUME_ARGS)  # the session's uninterrupted runs (conftest.py) are the references
     jobs = {}
-    for site in ("frontera",):
+    for site in ("generic",):
         runs = tmp_path / site
         job = slurm.sbatch(REPO_ROOT / "slurm" / site / "requeue.sbatch",
                            env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **ONE_THREAD})
