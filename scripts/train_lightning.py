@@ -119,6 +119,7 @@ def train(cfg: TrainConfig, plan: LaunchPlan, strategy: str, train_ds: Dataset, 
         val_loss, val_acc = evaluate(module.model, data.val_dataloader(), device, precision)
         agree = cdist.ranks_agree(module.model)
     meter = trainer.callbacks[0].meter  # the ThroughputCallback, first in make_trainer's list
+    stop_callback = next(c for c in trainer.callbacks if isinstance(c, StopOnSignal))
     emit_result({
         "trainer": "lightning",
         "strategy": strategy,
@@ -130,7 +131,8 @@ def train(cfg: TrainConfig, plan: LaunchPlan, strategy: str, train_ds: Dataset, 
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "resumed_from": resume,
-        "stopped": next(c.stopped for c in trainer.callbacks if isinstance(c, StopOnSignal)),
+        "resumed_at_step": stop_callback.started_at_step if resume else None,
+        "stopped": stop_callback.stopped,
         "train_loss": module.epoch_losses,
         "val_loss": val_loss,
         "val_acc": val_acc,

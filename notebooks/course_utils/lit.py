@@ -161,10 +161,14 @@ class StopOnSignal(L.Callback):
         self.ckpt_dir, self.signum = ckpt_dir, signum
         self.stop: StopRequest | None = None
         self.stopped = False
+        self.started_at_step: int | None = None  # the step fit() began at: a resumed run's restored step
 
     def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
         self.stop = StopRequest()  # after Lightning joined the ranks: it builds a process group of its own
         self.stop.install(self.signum)
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.started_at_step = trainer.global_step  # Lightning has restored its loops from ckpt_path by now
 
     def on_train_batch_end(self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any,
                            idx: int) -> None:
