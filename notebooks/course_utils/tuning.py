@@ -153,6 +153,7 @@ def trial_settings(params: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]
 def train_one(params: dict[str, Any], device: torch.device, workdir: str, report: Report) -> None:
     """Train the configuration ``params`` with the course's Trainer, resuming from ``workdir/last.pt``
     if a checkpoint was restored there, and ``report`` after every epoch."""
+    from .dist import ranks_agree
     from .trainer import build_trainer
 
     cfg, shape = trial_settings(params)
@@ -168,6 +169,9 @@ def train_one(params: dict[str, Any], device: torch.device, workdir: str, report
         report({"epoch": trainer.epoch, "train_loss": stats.train_loss, "val_loss": stats.val_loss,
                 "val_acc": stats.val_acc, "images_per_s": stats.images_per_s, "host": host,
                 "lr": trainer.optimizer.param_groups[0]["lr"],  # the one the optimiser used (PBT changes it)
+                # a DDP trial's proof: identical replicas (a collective: every worker reports at this point;
+                # True without a process group), and each worker's share of the images, not all of them
+                "ranks_agree": ranks_agree(trainer.model), "batches": len(trainer.train_loader),
                 "device": str(device), "started": started, "now": time.time()}, workdir)
 
     trainer.epoch_callback = epoch_done
@@ -346,7 +350,6 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
     kept, unfinished ones continue from their last epoch) unless ``fresh``.
     """
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
     if scheduler not in SCHEDULERS or searcher not in SEARCHERS:
@@ -375,19 +378,9 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
     elif tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=True)
         return tuner.fit()
-    if scheduler == "asha":
-        sched = ASHAScheduler(time_attr="training_iteration", max_t=base.epochs, grace_period=grace_epochs,
-                              reduction_factor=reduction_factor)
-    elif scheduler == "pbt":
-        from ray.tune.schedulers import PopulationBasedTraining
-
-        if not hasattr(param_space.get("lr"), "sample"):
-            raise ValueError("scheduler pbt mutates the learning rate: give the space an lr range (tune.loguniform)")
+    if scheduler == "pbt":
         random.seed(seed)  # PBT draws its donors and perturbations from Python's random module
-        sched = PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1,
-                                        hyperparam_mutations={"lr": param_space["lr"]})
-    else:
-        sched = FIFOScheduler()
+    sched = make_scheduler(scheduler, base.epochs, param_space, grace_epochs, reduction_factor)
     if searcher == "optuna":
         import optuna
         from ray.tune.search.optuna import OptunaSearch
@@ -416,6 +409,27 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                                                           checkpoint_score_order=MODE)),
     )
     return tuner.fit()
+
+
+def make_scheduler(scheduler: str, max_epochs: int, param_space: dict[str, Any], grace_epochs: int = 1,
+                   reduction_factor: int = 2) -> Any:
+    """The Tune scheduler :func:`run_search` gives a search (``asha``, ``fifo`` or ``pbt``; see there),
+    for trials of at most ``max_epochs`` epochs; notebook 08 prints its settings from it."""
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if scheduler == "asha":
+        return ASHAScheduler(time_attr="training_iteration", max_t=max_epochs, grace_period=grace_epochs,
+                             reduction_factor=reduction_factor)
+    if scheduler == "pbt":
+        from ray.tune.schedulers import PopulationBasedTraining
+
+        if not hasattr(param_space.get("lr"), "sample"):
+            raise ValueError("scheduler pbt mutates the learning rate: give the space an lr range (tune.loguniform)")
+        return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=1,
+                                       hyperparam_mutations={"lr": param_space["lr"]})
+    if scheduler == "fifo":
+        return FIFOScheduler()
+    raise ValueError(f"scheduler: {' or '.join(SCHEDULERS)}, not {scheduler!r}")
 
 
 PEAK_FILE = "most_at_once.json"  # beside the search's state: the most trials Tune had running at once
