@@ -12,8 +12,10 @@ kernel can still fork is read from torch's own record in a fresh Python.
 from __future__ import annotations
 
 import os
+import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -330,8 +332,13 @@ def test_deepspeed_s_variables_are_returned_not_set():
     assert dict(os.environ) == before, "a notebook kernel's environment is not changed"
     assert wanted["DS_ACCELERATOR"] == "cpu" and wanted["WORLD_SIZE"] == "1"
     assert "DS_ACCELERATOR" not in deepspeed_env(use_gpu=True, environ={})
-    under_torchrun = deepspeed_env(use_gpu=True, environ={"WORLD_SIZE": "2", "TORCH_EXTENSIONS_DIR": "/x"})
+    env_bin = str(Path(sys.executable).parent)
+    under_torchrun = deepspeed_env(use_gpu=True, environ={"WORLD_SIZE": "2", "TORCH_EXTENSIONS_DIR": "/x",
+                                                          "PATH": f"{env_bin}:/usr/bin"})
     assert under_torchrun == {}, "what the launcher set is kept"
+    # the ops are built by this environment's ninja, whichever way the script was started
+    assert wanted["PATH"] == env_bin and deepspeed_env(False, {"PATH": f"/usr/bin:{env_bin}"})["PATH"] == \
+        f"{env_bin}:/usr/bin"
 
 
 def test_temporary_env_gives_the_kernel_its_environment_back(monkeypatch):

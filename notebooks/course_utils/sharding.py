@@ -178,7 +178,13 @@ def deepspeed_env(use_gpu: bool, environ: Mapping[str, str] | None = None) -> di
     """The variables to set before ``import deepspeed`` (returned, not set): the accelerator
     (DeepSpeed picks it when imported), where its C++ ops are built (once per Python environment,
     ``sys.prefix/torch_extensions``, not in a home folder shared by every environment and torch
-    version), and outside a launcher those of a one-process group. Only what ``environ`` lacks.
+    version), and outside a launcher those of a one-process group. Only what ``environ`` lacks,
+    and ``PATH`` with this environment's ``bin`` first where it is not.
+
+    ``PATH``: torch builds the ops with the first ``ninja`` on it, and the environment's own (pip's,
+    DeepSpeed's dependency) and a system one (Debian's ninja-build) hash their command lines
+    differently: each rebuilt what the other had built, 40-140 s a time on this course's CI machine,
+    every time a Slurm job (an activated environment) and a plain ``python`` took turns.
 
     A script sets them in its own process (``os.environ.update``); a notebook kernel sets them only
     around its import (``launch.temporary_env``), so that no later script inherits them.
@@ -190,7 +196,11 @@ def deepspeed_env(use_gpu: bool, environ: Mapping[str, str] | None = None) -> di
     if "WORLD_SIZE" not in environ:  # plain `python script.py`: a group of one (DeepSpeed would look for MPI)
         wanted.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(free_port()))
-    return {k: v for k, v in wanted.items() if k not in environ}
+    missing = {k: v for k, v in wanted.items() if k not in environ}
+    env_bin, path = str(Path(sys.executable).parent), environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != env_bin:
+        missing["PATH"] = os.pathsep.join([env_bin, *(p for p in path.split(os.pathsep) if p and p != env_bin)])
+    return missing
 
 
 def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload: bool = False,
