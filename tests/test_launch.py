@@ -30,20 +30,6 @@ def test_train_script_learns_as_a_plain_process(tmp_path):
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
 
 
-def test_train_script_under_torchrun_two_gloo_ranks(tmp_path):
-    run = run_script(
-        "train.py",
-        ["--epochs", "2", "--n-train", "1024", "--n-val", "256", "--workers", "0",
-         "--batch-size", "32", "--ckpt-dir", tmp_path / "ckpt"],
-        nproc=2, timeout_s=300, echo=False,
-    )
-    result = result_of(run)
-    assert result["world_size"] == 2 and result["ranks_agree"] is True
-    assert "launcher=torchrun rank=0/2" in run.output
-    assert result["train_loss"][1] < result["train_loss"][0]
-    assert len([line for line in run.lines if line.startswith("RESULT ")]) == 1, "rank 0 only reports"
-
-
 @pytest.mark.parametrize(
     "args, expected",
     [
