@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.collectives import bandwidths, ring_all_reduce, time_op
 from course_utils.devices import add_device_flag
 from course_utils.results import emit_result

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
 
 

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
 from course_utils.results import emit_result
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
 from course_utils.models import MODELS, build_model, count_parameters
 from course_utils.results import emit_result

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.data import get_datasets, make_loader
 from course_utils.devices import add_device_flag
 from course_utils.models import build_model

@@ -23,7 +23,7 @@ from course_utils.checkpoint import load_checkpoint, save_checkpoint
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.devices import PlacementError
-from course_utils.dist import RendezvousError, init_distributed, ranks_agree, ranks_per_host
+from course_utils.process_group import RendezvousError, init_distributed, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model
 from course_utils.precision import autocast, resolve_precision

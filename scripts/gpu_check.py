@@ -269,7 +269,7 @@ class GpuMemorySampler:
 def cuda_uuids() -> list[str]:
     """The UUIDs of the GPUs CUDA sees, in CUDA's order, read in a child process (this one starts CUDA
     only at the end); [] where that fails (the report's peaks are then n/a)."""
-    from course_utils.launch import child_env
+    from course_utils.paths import child_env
 
     code = ("import torch; n = torch.cuda.device_count(); "
             "print(' '.join(str(torch.cuda.get_device_properties(i).uuid) for i in range(n)))")
@@ -284,7 +284,7 @@ def cuda_uuids() -> list[str]:
 def run_notebook(path: Path, profile: str, timeout_s: float, cell_timeout_s: float, logs: Path,
                  gpu_uuids: Sequence[str] = ()) -> dict[str, Any]:
     """One notebook under nbval in its own pytest process: passed/failed, cells, wall time, peak GPU memory."""
-    from course_utils.launch import child_env
+    from course_utils.paths import child_env
 
     cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", f"--nbval-cell-timeout={int(cell_timeout_s)}",
            "-p", "no:cacheprovider", "-q", "-o", "addopts="]
@@ -311,7 +311,7 @@ def run_notebook(path: Path, profile: str, timeout_s: float, cell_timeout_s: flo
 
 def run_ladder(model: str, args: list[str], out: Path, timeout_s: float, profile: str) -> dict[str, Any]:
     """scripts/benchmark_single.py in its own process; its JSON, or why it failed."""
-    from course_utils.launch import child_env
+    from course_utils.paths import child_env
 
     target = out / "ladder.json"
     cmd = [sys.executable, str(SCRIPTS / "benchmark_single.py"), "--model", model, "--json", str(target), *args]

@@ -22,7 +22,7 @@ import os
 import socket
 import sys
 
-from course_utils.dist import free_port
+from course_utils.process_group import free_port
 from course_utils.paths import REPO_ROOT
 
 

@@ -27,7 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.collectives import ring_all_reduce
 from course_utils.results import emit_result
 

@@ -29,7 +29,7 @@ import torch.distributed.rpc as rpc
 from torch import nn
 from torch.distributed.optim import DistributedOptimizer
 
-from course_utils.dist import detect_env
+from course_utils.process_group import detect_env
 from course_utils.results import emit_result
 
 FEATURES, CLASSES = 16, 4

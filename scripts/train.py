@@ -8,7 +8,7 @@ The same file runs everywhere; only the launcher changes::
     srun python scripts/train.py                            # Slurm, a task per GPU
 
 Rank, world size and device come from the launcher's environment
-(course_utils.dist); nothing here is chosen by hand. Every flag is a field of
+(course_utils.process_group); nothing here is chosen by hand. Every flag is a field of
 course_utils.config.TrainConfig, and ``--config run.toml`` sets any of them
 (flags given override the file). The last line printed is ``RESULT {json}``
 with the final metrics, for notebooks and tests to read.
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import TrainConfig, add_config_args, config_from_args
 from course_utils.data import DatasetMissingError

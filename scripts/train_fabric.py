@@ -22,7 +22,7 @@ from lightning.fabric.strategies import DDPStrategy
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
-from course_utils.dist import cleanup, ranks_agree, ranks_per_host
+from course_utils.process_group import cleanup, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, placement_args, plan_launch, quiet_lightning
 from course_utils.models import build_model

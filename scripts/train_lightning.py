@@ -23,7 +23,7 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import TrainConfig, add_config_args, config_from_args, unsupported
 from course_utils.data import DatasetInfo, DatasetMissingError, get_datasets

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.pipeline import (
     SCHEDULES,

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
 from course_utils.results import emit_result
 from course_utils.tensor_parallel import (

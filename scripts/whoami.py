@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Each process says who it is: what its launcher put in the environment and
-what course_utils.dist made of it. Run it under any launcher:
+what course_utils.process_group made of it. Run it under any launcher:
 
     torchrun --standalone --nproc-per-node=2 scripts/whoami.py
     srun --ntasks=4 python scripts/whoami.py
@@ -14,7 +14,7 @@ import sys
 
 import torch.distributed as dist
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 from course_utils.results import emit_result
 
 SHOWN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

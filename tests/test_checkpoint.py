@@ -77,7 +77,7 @@ def test_read_only_folder():
     import sys
     import tempfile
 
-    from course_utils.launch import child_env
+    from course_utils.paths import child_env
 
     top = Path(tempfile.mkdtemp(prefix="course-ro-", dir="/tmp"))
     try:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_utils import dist as cdist
+from course_utils import process_group as cdist
 
 
 @pytest.mark.parametrize(

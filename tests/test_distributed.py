@@ -7,8 +7,9 @@ import sys
 import threading
 import time
 
-from course_utils.dist import free_port
-from course_utils.launch import child_env, run_script
+from course_utils.process_group import free_port
+from course_utils.launch import run_script
+from course_utils.paths import child_env
 from course_utils.paths import REPO_ROOT
 from course_utils.results import parse_result
 

@@ -387,7 +387,7 @@ def test_fsdp_fp16_asked_for_by_name_is_refused():
     ("cpu:gloo,cuda:nccl", None, "cpu"),  # the same default on a machine without a GPU
 ])
 def test_a_group_formed_elsewhere_gives_the_rank_s_gpu_under_nccl_and_the_cpu_under_gloo(config, gpu, device):
-    from course_utils.dist.group import group_device
+    from course_utils.process_group.group import group_device
 
     assert group_device(config, gpu) == torch.device(device)
 
@@ -405,7 +405,7 @@ def test_an_existing_group_keeps_its_device(monkeypatch, config, bound, current_
     the case, its backend and bound GPU are given, with this rank's current GPU."""
     import torch.distributed as dist
 
-    from course_utils.dist import init_distributed
+    from course_utils.process_group import init_distributed
 
     dist.init_process_group(None, store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -427,7 +427,7 @@ def test_an_existing_group_keeps_its_device(monkeypatch, config, bound, current_
 # --------------------------------------------------------------------------- #
 # The door: no script under scripts/ forms a process group or picks a device itself
 # --------------------------------------------------------------------------- #
-# Calls that form a group or choose a device: only course_utils.dist (init_distributed,
+# Calls that form a group or choose a device: only course_utils.process_group (init_distributed,
 # session) and lit.plan_launch make them. deepspeed.init_distributed is allowed: it wraps the group
 # the door formed. A launcher that starts ranks but joins none may count GPUs to size its runs.
 AROUND_THE_DOOR = {"init_process_group", "set_device", "device_count", "is_available", "is_bf16_supported",
@@ -460,7 +460,7 @@ def test_every_script_gets_its_device_and_group_through_the_door():
         if bad:
             around[path.name] = bad
     assert not around, ("these scripts choose a device or form a process group themselves; use "
-                        f"course_utils.dist.init_distributed or lit.plan_launch: {around}")
+                        f"course_utils.process_group.init_distributed or lit.plan_launch: {around}")
 
 
 class _GroupFormed(Exception):

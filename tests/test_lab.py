@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from course_utils.dist import free_port
+from course_utils.process_group import free_port
 from course_utils.paths import REPO_ROOT
 from course_utils.waiting import wait_until
 

@@ -76,3 +76,14 @@ def test_constraints_agree_with_pyproject():
     assert not unpinned, f"direct dependencies must be pinned exactly: {unpinned}"
     drift = {k: (v, locked.get(k)) for k, v in wanted.items() if locked.get(k) != v}
     assert not drift, f"pyproject and constraints.txt disagree (pyproject, constraints): {drift}; run make lock"
+
+
+def test_the_package_index_lists_every_module():
+    """course_utils/__init__.py is where a reader finds what the package holds: every module and subpackage."""
+    package = REPO_ROOT / "notebooks" / "course_utils"
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.parent.name for p in package.glob("*/__init__.py")}
+    listed = {line.split()[0] for line in (package / "__init__.py").read_text().split("::", 1)[1].split('"""')[0]
+              .splitlines() if line.startswith("    ") and not line.startswith("     ")}
+    listed.add("solutions")  # listed beside exercises, whose answers it holds
+    assert modules == listed, f"not in the index: {sorted(modules - listed)}; listed but gone: {sorted(listed - modules)}"

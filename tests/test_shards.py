@@ -10,8 +10,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils.data import INFO, make_synthetic
-from course_utils.data.shards import (ShardDataset, batches_of_worker, per_shard_for, raw_images, read_manifest,
-                                     read_shard, reader_spans, write_shards)
+from course_utils.data.shards import (ShardDataset, batches_of_worker, per_shard_for, read_manifest, read_shard,
+                                     reader_spans, write_shards)
+from course_utils.data.sources import raw_images
 from course_utils.paths import REPO_ROOT
 
 MNIST_DIR = REPO_ROOT.parent / "shared" / "data" / "mnist-t10k"

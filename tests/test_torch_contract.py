@@ -1,4 +1,4 @@
-"""What course_utils.dist's rendezvous relies on in torch, pinned by a real torchrun.
+"""What course_utils.process_group's rendezvous relies on in torch, pinned by a real torchrun.
 
 Should a torch upgrade change any of it, this test fails with the reason,
 rather than a training job hanging or dialling a dead rank after a restart.
@@ -14,7 +14,7 @@ def test_torchrun_serves_a_store_that_outlives_a_worker_restart(tmp_path):
     script.write_text(textwrap.dedent("""
         import datetime, os, sys
         import torch.distributed as dist
-        from course_utils.dist.rendezvous import agent_store_in_use, attempt_prefix
+        from course_utils.process_group.rendezvous import agent_store_in_use, attempt_prefix
 
         attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
         # a client of the agent's store at MASTER_ADDR:MASTER_PORT: rank 0 serves none of its own

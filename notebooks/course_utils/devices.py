@@ -12,7 +12,7 @@ Two pure functions hold the policy, so it is tested without a GPU:
   host and the GPUs visible to it), the device and backend of each rank, or
   one :class:`PlacementError` that says what to change. Every rank gets the
   same answer, because rank 0 computes it during the rendezvous
-  (``course_utils.dist``) and hands it to the others.
+  (``course_utils.process_group``) and hands it to the others.
 * :func:`plan_demo` -- before launching: how many ranks a notebook demo should
   start on this host and on which device.
 
@@ -285,7 +285,7 @@ def node_device(requested: str, ranks_on_node: int, gpus: int, local_rank: int, 
     for each rank. Bound, each rank sees only its own: ``cuda:0``. Otherwise every rank of the node
     gets the CPU (gloo), so a group is never split between NCCL and gloo; ``cuda`` then raises
     :class:`PlacementError`. Scripts that form their own group are placed by :func:`place_ranks`
-    (GPU UUIDs compared across ranks) through ``course_utils.dist.init_distributed``.
+    (GPU UUIDs compared across ranks) through ``course_utils.process_group.init_distributed``.
     """
     requested = _check_requested(requested)
     if requested == "cpu":

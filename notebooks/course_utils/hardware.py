@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .paths import child_env
 from .precision import tf32 as tf32_switch
 from .precision import tf32_state
 
@@ -99,8 +100,6 @@ def _cuda_facts_fork_safe() -> dict[str, Any]:
     import json
     import subprocess
     import sys
-
-    from .launch import child_env
 
     code = "import json; from course_utils.hardware import cuda_facts; print(json.dumps(cuda_facts()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=120)

@@ -19,7 +19,7 @@ import torch
 
 from .config import TrainConfig, changes, config_flags
 from .data import get_datasets, make_loader
-from .dist import choose_device
+from .process_group import choose_device
 from .precision import precision_for
 from .models import build_model
 from .trainer import Trainer

@@ -25,9 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .dist.env import free_port
+from .process_group.env import free_port
 from .hardware import threads_per_rank
-from .paths import PACKAGE_PARENT, REPO_ROOT, SCRIPTS
+from .paths import REPO_ROOT, SCRIPTS, child_env
 from .waiting import wait_until
 
 
@@ -79,16 +79,6 @@ def temporary_env(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a launched script: ours, plus ``course_utils`` on
-    ``PYTHONPATH`` (so it imports even where the package is not installed)."""
-    env = {**os.environ, **(extra or {})}
-    paths = [str(PACKAGE_PARENT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    env["PYTHONUNBUFFERED"] = "1"  # lines arrive as they are printed, not at exit
-    return env
 
 
 def torchrun_command(nproc: int, port: int | None = None) -> list[str]:

@@ -36,7 +36,7 @@ from .checkpoint import CheckpointError, load_checkpoint
 from .config import TrainConfig, resume_mismatch
 from .data import make_loader
 from .devices import PlacementError, gpus_bound, node_device
-from .dist import collective_timeout_s
+from .process_group import collective_timeout_s
 from .precision import resolve_precision, set_tf32
 from .preemption import StopRequest
 from .timing import Throughput

@@ -21,7 +21,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from . import dist as cdist
+from . import process_group as cdist
 
 
 class StopRequest:

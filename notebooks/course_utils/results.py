@@ -16,7 +16,7 @@ PREFIX = "RESULT "
 
 def emit_result(result: dict[str, Any]) -> None:
     """Print ``result`` as the RESULT line, on rank 0 only."""
-    from .dist import print0  # late: reading results needs no torch.distributed
+    from .process_group import print0  # late: reading results needs no torch.distributed
 
     print0(PREFIX + json.dumps(result))
 

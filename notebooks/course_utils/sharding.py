@@ -31,7 +31,7 @@ import torch
 from .collectives import bytes_sent_per_rank
 from .config import TrainConfig, unsupported
 from .devices import PlacementError
-from .dist import DistEnv, RendezvousError, free_port, init_distributed
+from .process_group import DistEnv, RendezvousError, free_port, init_distributed
 from .models import CHECKPOINTABLE
 from .precision import resolve_precision
 from .tensor_parallel import CollectiveBytes

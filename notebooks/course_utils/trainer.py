@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from . import dist as cdist
+from . import process_group as cdist
 from .checkpoint import CheckpointError, ensure_writable_dir, load_latest, save_checkpoint
 from .config import TrainConfig, resume_mismatch
 from .data import get_datasets, make_loader, set_epoch

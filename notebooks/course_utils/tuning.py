@@ -153,7 +153,7 @@ def trial_settings(params: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]
 def train_one(params: dict[str, Any], device: torch.device, workdir: str, report: Report) -> None:
     """Train the configuration ``params`` with the course's Trainer, resuming from ``workdir/last.pt``
     if a checkpoint was restored there, and ``report`` after every epoch."""
-    from .dist import ranks_agree
+    from .process_group import ranks_agree
     from .trainer import build_trainer
 
     cfg, shape = trial_settings(params)
@@ -200,7 +200,7 @@ def tune_trial(params: dict[str, Any]) -> None:
     """A Ray Tune function trainable: one process, on the GPU Ray assigned it (if any) or the CPU."""
     from ray import tune
 
-    from .dist import choose_device
+    from .process_group import choose_device
 
     _use_assigned_cores()
     with tempfile.TemporaryDirectory(prefix="trial-") as work:

@@ -139,7 +139,7 @@ fi
 # Optional GPU binding for srun (e.g. COURSE_GPU_BIND=closest where the cluster's gres.conf
 # records GPU affinity): each task then sees only its own GPU, as its cuda:0. Every course script
 # handles both: those that form their own process group compare GPU UUIDs across ranks
-# (course_utils.dist.init_distributed), Lightning and Fabric read the binding from Slurm's
+# (course_utils.process_group.init_distributed), Lightning and Fabric read the binding from Slurm's
 # variables (course_utils.lit.plan_launch); a script that picks cuda:$LOCAL_RANK does not.
 if [[ -n "${COURSE_GPU_BIND:-}" ]]; then
     export SLURM_GPU_BIND="$COURSE_GPU_BIND"

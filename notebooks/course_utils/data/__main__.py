@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="where the data set is (default: $COURSE_DATA or the repo's data/)")
     args = parser.parse_args(argv)
     if args.command == "shard":
-        from .shards import per_shard_for, raw_images, tar_bytes_per_sample, write_shards
+        from .shards import per_shard_for, tar_bytes_per_sample, write_shards
+        from .sources import raw_images
 
         splits = ("train",) if args.name == "mnist-idx" else ("train", "val")
         for split in splits:

@@ -7,7 +7,7 @@ import itertools
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 
-from .. import dist as cdist
+from .. import process_group as cdist
 from .shards import ShardDataset
 
 

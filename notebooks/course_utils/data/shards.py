@@ -29,39 +29,6 @@ MANIFEST = "shards.json"
 SHARD_NAME = "shard-{:06d}.tar"
 
 
-def raw_images(name: str, root: str | Path | None = None, n: int | None = None,
-               seed: int = 0, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-    """A data set's images as stored, ``uint8 [N, C, H, W]``, and labels: what shards hold (the first
-    ``n``). ``split``: ``train`` or ``val`` (``get_datasets``' validation images: the test split;
-    ``synthetic`` draws ``n``, default 20,000 / 4,000, with the seeds ``get_datasets`` uses)."""
-    from .sources import DatasetMissingError, _missing_message, default_data_root, load_mnist_idx
-    from .synthetic import make_synthetic
-
-    if split not in ("train", "val"):
-        raise ValueError(f"split is train or val, not {split!r}")
-    if name == "synthetic":
-        return make_synthetic(n or (20_000 if split == "train" else 4_000), seed=seed * 2 + (1 if split == "train" else 2))
-    root = Path(root).expanduser() if root else default_data_root()
-    if name == "mnist-idx":
-        if split == "val":
-            raise ValueError("mnist-idx is one set of images (MNIST's test set): it has no validation split to shard")
-        images, labels = load_mnist_idx(root)
-    elif name in ("cifar10", "mnist"):
-        from torchvision import datasets
-
-        cls = datasets.CIFAR10 if name == "cifar10" else datasets.MNIST
-        try:
-            ds = cls(str(root), train=split == "train", download=False)
-        except RuntimeError as exc:  # torchvision: "Dataset not found or corrupted"
-            raise DatasetMissingError(_missing_message(name, root)) from exc
-        data = torch.as_tensor(np.asarray(ds.data))
-        images = data.permute(0, 3, 1, 2) if data.dim() == 4 else data.unsqueeze(1)
-        labels = torch.as_tensor(ds.targets)
-    else:
-        raise ValueError(f"no raw images for {name!r}: synthetic, mnist-idx, cifar10 or mnist")
-    return images[:n].contiguous(), labels[:n]
-
-
 def _png(image: torch.Tensor) -> bytes:
     from PIL import Image
 
