@@ -25,7 +25,7 @@ import time
 import torch
 
 from course_utils import process_group as cdist
-from course_utils.checkpoint import CheckpointError, ensure_writable_dir
+from course_utils.checkpoint import CheckpointError
 from course_utils.config import TrainConfig, add_config_args, config_from_args
 from course_utils.data import DatasetMissingError
 from course_utils.devices import PlacementError
@@ -50,10 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)
-        # Folders first: an unwritable path is an error before any work is done.
-        for folder, what in ((cfg.ckpt_dir, "checkpoint folder"), (cfg.log_dir, "log folder")):
-            if folder:
-                ensure_writable_dir(folder, what)
         with cdist.session(cfg.device) as (info, device):
             return train(cfg, info, device)
     except (cdist.RendezvousError, PlacementError) as exc:

@@ -138,11 +138,11 @@ class Trainer:
             raise ValueError("grad_accum must be >= 1")
         self.device = torch.device(device)
         self.precision = resolve_precision(self.cfg.precision, self.device)
-        # Fail now, not after the first epoch, if logs or checkpoints cannot be written.
-        if cdist.is_main_process():
-            for d, what in ((self.cfg.log_dir, "log folder"), (self.cfg.ckpt_dir, "checkpoint folder")):
-                if d:
-                    ensure_writable_dir(d, what)
+        # Fail now, not after the first epoch, if logs or checkpoints cannot be written: on every rank, before
+        # the model is wrapped (a rank that went on alone would wait in DDP's first broadcast until the timeout).
+        for d, what in ((self.cfg.log_dir, "log folder"), (self.cfg.ckpt_dir, "checkpoint folder")):
+            if d:
+                ensure_writable_dir(d, what)
         set_tf32(self.cfg.tf32)
         torch.backends.cudnn.benchmark = self.cfg.cudnn_benchmark
 
