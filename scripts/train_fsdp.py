@@ -27,16 +27,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.process_group import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
+from course_utils.process_group import parallel_mesh, ranks_agree, ranks_per_host
 from course_utils.results import emit_result
 from course_utils.rng import rng_state_json, set_rng_state_json
 from course_utils.sharding import (
@@ -75,7 +74,7 @@ except ValueError as exc:
     sys.exit(f"error: {exc}")
 if note and rank == 0:
     print(note, file=sys.stderr, flush=True)
-mesh = init_device_mesh(device.type, (world,))  # the ranks the weights are sharded across
+mesh = parallel_mesh(device)["dp"]  # the ranks the weights are sharded across
 
 torch.manual_seed(cfg.seed)  # the same initial weights on every rank, before sharding
 train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)

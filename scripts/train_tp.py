@@ -38,7 +38,6 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
@@ -249,8 +248,7 @@ def main() -> int:
             cdist.print0(f"error: --tp-size {tp} must divide the {ranks} ranks, --heads {args.heads} and 4 x --hidden "
                          f"{4 * args.hidden}: each rank holds whole heads and an equal share of the MLP")
             return 2
-        # node-major: ranks d*tp .. d*tp+tp-1 (one node's GPUs) form tensor-parallel group d
-        mesh = init_device_mesh(device.type, (ranks // tp, tp), mesh_dim_names=("dp", "tp"))
+        mesh = cdist.parallel_mesh(device, tp)  # node-major: one node's GPUs form a tensor-parallel group
         gen = torch.Generator().manual_seed(0)  # every rank the same input: the whole batch, replicated
         x = torch.randn(args.batch, args.seq, args.hidden, generator=gen).to(device)
         hand = by_hand(args.hidden, mesh["tp"].get_local_rank(), tp, x, mesh["tp"].get_group())

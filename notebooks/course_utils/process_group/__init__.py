@@ -27,6 +27,7 @@ from .group import (
     init_distributed,
     is_initialized,
     is_main_process,
+    parallel_mesh,
     session,
 )
 from .rendezvous import RendezvousError
@@ -36,6 +37,6 @@ __all__ = [
     "DEFAULT_JOIN_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "DistEnv", "barrier", "choose_device", "cleanup",
     "collective_timeout_s", "describe",
     "detect_env", "expand_hostlist", "free_port", "get_rank", "get_world_size", "init_distributed",
-    "is_initialized", "is_main_process", "port_from_job_id", "print0", "print_ranks", "ranks_agree",
+    "is_initialized", "is_main_process", "parallel_mesh", "port_from_job_id", "print0", "print_ranks", "ranks_agree",
     "ranks_per_host", "require_processes", "session", "RendezvousError",
 ]

@@ -194,3 +194,16 @@ def is_main_process() -> bool:
 def barrier() -> None:
     if is_initialized():
         dist.barrier()
+
+
+def parallel_mesh(device: torch.device, tp: int = 1):
+    """Every rank on one ``DeviceMesh`` of named dimensions, ``("dp", "tp")``: ``tp`` ranks split each layer
+    (tensor parallel), and the ``world // tp`` groups of them are data parallel (replicas, or the ranks FSDP2
+    shards across: ``mesh["dp"]``). Node-major, as torchtitan's ``ParallelDims`` builds it: ranks
+    ``d * tp .. d * tp + tp - 1``, one node's GPUs under Slurm's and torchrun's numbering, form group ``d``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world = get_world_size()
+    if tp < 1 or world % tp:
+        raise ValueError(f"a tensor-parallel degree of {tp} does not divide the {world} ranks")
+    return init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
