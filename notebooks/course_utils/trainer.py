@@ -404,7 +404,9 @@ class Trainer:
     def _keep_configured_lr(self, saved_optimizer: dict[str, Any]) -> None:
         """The optimiser's and the warm-up's state carry the saved run's learning rate: rescale them to
         this run's (``self.lr``), at the same point of the warm-up. A run resumed with the same settings
-        is untouched; Population Based Training resumes a donor's checkpoint with a changed lr."""
+        is untouched. The learning rate is not a setting a resumed run must keep (``same_on_resume``):
+        a researcher lowers it after a plateau with ``--lr`` and resumes, and Population Based Training
+        resumes a donor's checkpoint with a changed one; both get the lr they asked for."""
         group = saved_optimizer["param_groups"][0]
         saved_lr = group.get("initial_lr", group["lr"])  # the warm-up's target, else the lr itself
         if saved_lr == self.lr or saved_lr <= 0:
