@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
+from course_utils.checkpoint import weights_digest
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.process_group import ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
+from course_utils.process_group import ranks_agree, ranks_per_host
 from course_utils.results import emit_result
 from course_utils.rng import rng_state, set_rng_state
 from course_utils.sharding import (
@@ -37,7 +38,6 @@ from course_utils.sharding import (
     start_counting_collectives,
     start_rank,
     stop_counting_collectives,
-    weights_digest,
     zero_gradient_bytes,
     zero_memory,
     zero_theory,

@@ -30,7 +30,15 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from course_utils.checkpoint import CheckpointError, ensure_writable_dir
+from course_utils.checkpoint import (
+    CheckpointError,
+    consolidate_sharded,
+    ensure_writable_dir,
+    latest_sharded,
+    load_sharded,
+    save_sharded,
+    weights_digest,
+)
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.hardware import peak_memory_mib
@@ -40,15 +48,10 @@ from course_utils.results import emit_result
 from course_utils.rng import rng_state_json, set_rng_state_json
 from course_utils.sharding import (
     add_sharding_args,
-    consolidate_sharded,
     fsdp_gradient_bytes,
     fsdp_memory,
     fsdp_precision,
-    latest_sharded,
-    load_sharded,
-    save_sharded,
     start_rank,
-    weights_digest,
 )
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer

@@ -202,7 +202,8 @@ def train(args: argparse.Namespace) -> int:
     from course_utils.data import get_datasets, make_loader, set_epoch
     from course_utils.models import build_model
     from course_utils.rng import rng_state_json, set_rng_state_json
-    from course_utils.sharding import latest_sharded, load_sharded, save_sharded, start_rank
+    from course_utils.checkpoint import latest_sharded, load_sharded, save_sharded
+    from course_utils.sharding import start_rank
     from course_utils.trainer import config_lr, evaluate, make_optimizer
 
     cfg = config_from_args(args)

@@ -152,7 +152,7 @@ def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[fl
     from torch.distributed.tensor.parallel import parallelize_module
 
     from course_utils.checkpoint import CheckpointError
-    from course_utils.sharding import latest_sharded, load_sharded, save_sharded
+    from course_utils.checkpoint import latest_sharded, load_sharded, save_sharded
     from course_utils.trainer import build_optimizer
 
     dp, dp_rank = mesh["dp"].size(), mesh["dp"].get_local_rank()

@@ -46,7 +46,7 @@ def test_a_damaged_sharded_checkpoint_is_one_error_that_names_it_and_says_what_t
     import torch.distributed as dist
 
     from course_utils.checkpoint import CheckpointError
-    from course_utils.sharding import latest_sharded, load_sharded
+    from course_utils.checkpoint import latest_sharded, load_sharded
 
     (tmp_path / "step-2").mkdir()
     (tmp_path / "step-2" / ".metadata").write_bytes(b"not a pickle")
@@ -78,7 +78,7 @@ def test_the_pipelined_run_is_train_py_s_run_and_resumes_from_its_sharded_checkp
     import torch
 
     from course_utils.models import build_model
-    from course_utils.sharding import consolidate_sharded
+    from course_utils.checkpoint import consolidate_sharded
 
     single = parse_result(run_script("train.py", [*PIPELINE_RUN, "--epochs", "2"], nproc=1, env=ONE_THREAD,
                                      timeout_s=180, echo=False).output)

@@ -13,7 +13,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     trainer         the Trainer (DDP, accumulation, checkpoints, stop requests)
     precision       fp32/TF32, bf16, fp16 and autocast
     rng             every random stream, saved and restored with a checkpoint
-    checkpoint      atomic save_checkpoint(), load_checkpoint(), the previous checkpoint kept
+    checkpoint      atomic save_checkpoint(), load_checkpoint(), the previous checkpoint kept; sharded (DCP) checkpoints
     preemption      stop at the next step when the scheduler warns that time is running out
     timing          Throughput meter: the GPU synchronised where a timed window opens and closes
     ladder          the single-device speed-up ladder (notebook 01, benchmark script)
@@ -22,7 +22,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     launch          run scripts/ (alone or under torchrun) from a notebook
     slurm           submit Slurm jobs (the test cluster, or yours when asked), wait for them, read them (04-06)
     lit             the course's model and data as Lightning pieces; launch checks; stop on a signal (06)
-    sharding        ZeRO's theory, DeepSpeed and FSDP2 measured, ds_config, sharded checkpoints (07)
+    sharding        ZeRO's theory, DeepSpeed and FSDP2 measured, ds_config (07)
     tuning          Ray Tune around the Trainer (notebook 08, scripts/tune.py)
     tensor_parallel Megatron's column/row split by hand and as a DTensor plan (09)
     pipeline        pipeline stages, the bubble, the schedules' order (09)

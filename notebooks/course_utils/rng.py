@@ -34,7 +34,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def rng_state_json() -> dict[str, Any]:
     """:func:`rng_state` as plain lists and numbers, for a checkpoint whose progress is JSON
-    (``sharding.save_sharded``)."""
+    (``checkpoint.save_sharded``)."""
     state = rng_state()
     version, internal, gauss = state["python"]
     name, keys, pos, has_gauss, cached = state["numpy"]

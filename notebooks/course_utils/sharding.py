@@ -13,7 +13,8 @@ comms logger and at torch's dispatcher (:class:`C10dCollectives`), and read as a
 
 What a rank holds is measured from the tensors DeepSpeed and FSDP2 keep (:func:`zero_memory`,
 :func:`fsdp_memory`), and on a GPU from the allocator too. Helpers for the two scripts,
-``scripts/train_deepspeed.py`` and ``scripts/train_fsdp.py``, live here as well.
+``scripts/train_deepspeed.py`` and ``scripts/train_fsdp.py``, live here as well; their sharded checkpoints
+(and the tensor- and pipeline-parallel scripts') are ``course_utils.checkpoint``'s.
 """
 
 from __future__ import annotations
@@ -421,107 +422,6 @@ def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
     state = [_local(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
     return {"params": _nbytes(_local(p) for p in model.parameters()), "gradients": gradient_bytes,
             "optimizer": _nbytes(state), "optimizer_device": ",".join(sorted({t.device.type for t in state}))}
-
-
-def _flat_options() -> Any:
-    """The optimizer's state and settings keyed by parameter name ("param_groups.blocks.1.0.weight.lr"), not
-    as one list of groups: pipeline stages hold different parameters, and DCP keeps one rank's copy of
-    an item every rank saves under the same key (torchtitan saves the same way)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(flatten_optimizer_state_dict=True)
-
-
-def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 progress: dict[str, Any]) -> Path:
-    """A sharded checkpoint with ``torch.distributed.checkpoint``: every rank writes its own shards of the
-    model and the optimizer (no rank gathers the whole) into a new folder, ``folder/step-N``; then rank 0
-    points ``folder/latest`` at it and removes the one before. A job killed mid-write leaves the previous
-    checkpoint whole. ``progress`` (epoch, step, losses, the configuration) is kept beside, as JSON."""
-    import json
-    import shutil
-
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    folder = Path(folder)
-    shared = [progress]
-    dist.broadcast_object_list(shared, src=0)  # one progress for all: DCP keeps one rank's copy of such items
-    progress = shared[0]
-    model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
-    target = folder / f"step-{progress['step']}"
-    dcp.save({"model": model_state, "optim": optim_state, "progress": json.dumps(progress)}, checkpoint_id=target)
-    dist.barrier()  # every shard written
-    if dist.get_rank() == 0:
-        previous = latest_sharded(folder)
-        (folder / "latest.tmp").write_text(target.name)
-        os.replace(folder / "latest.tmp", folder / "latest")  # atomic: the old checkpoint or the new one
-        if previous is not None and previous != target:
-            shutil.rmtree(previous, ignore_errors=True)
-    dist.barrier()
-    return target
-
-
-def weights_digest(tensors: Iterable[torch.Tensor]) -> str:
-    """A fingerprint of whole weights (in their order, as fp32 bytes): a resumed run reports the one of the
-    weights it loaded, the run that saved them the one of the weights it ended with; equal only if the resume
-    really loaded them (a restart from scratch has the same step count and, on a CPU, the same losses)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for t in tensors:
-        digest.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
-def latest_sharded(folder: str | Path | None) -> Path | None:
-    """The checkpoint ``folder/latest`` names, if there is one."""
-    pointer = Path(folder) / "latest" if folder else None
-    return pointer.parent / pointer.read_text().strip() if pointer is not None and pointer.is_file() else None
-
-
-def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Load a :func:`save_sharded` checkpoint into a model already sharded (``fully_shard``) on any number of
-    ranks: each rank reads the pieces of the saved shards that make up its own, so a checkpoint written by
-    4 ranks resumes on 2 or on 1. Returns the saved ``progress``."""
-    import json
-
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    import pickle
-
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from .checkpoint import CheckpointError
-
-    model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
-    state = {"model": model_state, "optim": optim_state, "progress": ""}
-    try:
-        # its metadata first, here: every rank reads the same file and fails alike, before dcp.load, which
-        # would print each rank's traceback of it
-        dcp.FileSystemReader(Path(path)).read_metadata()
-        dcp.load(state, checkpoint_id=Path(path))  # in place, into this rank's shards
-        progress = json.loads(state["progress"])
-    except (CheckpointException, pickle.UnpicklingError, EOFError, OSError, ValueError) as exc:
-        # DCP gathers every rank's failure into one exception on all ranks: each rank stops here, none waits
-        raise CheckpointError(
-            f"the sharded checkpoint {path} cannot be read ({type(exc).__name__}): it was not written whole or "
-            f"was damaged. Remove {Path(path).parent / 'latest'} to resume from nothing, or give another "
-            "checkpoint folder") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_flat_options())
-    return progress
-
-
-def consolidate_sharded(path: str | Path, out: str | Path) -> dict[str, torch.Tensor]:
-    """One plain file from a sharded checkpoint (``dcp_to_torch_save``, in one process, no group needed):
-    the whole model's ``state_dict``, which any PyTorch code loads without FSDP."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(Path(path), Path(out))
-    return torch.load(out, map_location="cpu", weights_only=False)["model"]
 
 
 def warm_deepspeed_ops() -> None:
