@@ -90,6 +90,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         "lr": trainer.lr,
         "epochs": trainer.epoch,
         "global_step": trainer.global_step,
+        "resumed_from": trainer.resumed_from,  # the checkpoint, step and batch this start went on from
         "stopped": trainer.stopped,
         "train_loss": [h.train_loss for h in history],
         "val_loss": last.val_loss if last else None,

@@ -348,6 +348,21 @@ def test_notebook_cells_submit_to_a_real_cluster_only_when_asked_and_cancel_what
     wait_until(lambda: slurm.job_records(job)[0]["JobState"] == "CANCELLED", 30, "the interrupted cell's job lives on")
 
 
+def test_a_cell_without_slurm_shows_ft3_s_command_lines_and_says_why(monkeypatch):
+    monkeypatch.setattr(slurm, "available", lambda: "sbatch is not on the PATH: this machine is not a Slurm login node")
+    plan = slurm.cell_plan(True)
+    assert not plan.submits and plan.site == "ft3" and plan.why_not.startswith("no Slurm here (sbatch is not")
+    assert plan.script("requeue") == REPO_ROOT / "slurm" / "ft3" / "requeue.sbatch"
+
+
+@needs_cluster
+def test_a_cell_submits_the_site_s_scripts_where_it_may(cluster):
+    assert slurm.cell_plan(False) == slurm.CellPlan("generic", None), "the test cluster: generic's scripts, no opt-in"
+    frontera = slurm.cell_plan(False, {"TACC_SYSTEM": "frontera"}, cluster="frontera")
+    assert frontera.site == "frontera" and not frontera.submits and "SUBMIT = True" in frontera.why_not
+    assert slurm.cell_plan(True, {"TACC_SYSTEM": "frontera"}, cluster="frontera").submits
+
+
 def test_the_site_whose_scripts_a_cell_uses():
     assert slurm.site_here({"TACC_SYSTEM": "frontera"}, cluster="frontera") == "frontera"
     assert slurm.site_here({}, cluster="ft3") == "ft3"

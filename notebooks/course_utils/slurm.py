@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import REPO_ROOT
@@ -83,6 +84,29 @@ def script_for(pattern: str, site: str | None = None) -> Path:
     if not script.is_file():
         raise SlurmError(f"no {script.relative_to(REPO_ROOT)}: COURSE_SITE must name a folder of slurm/")
     return script
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What a notebook's Slurm cell does here (:func:`cell_plan`): submit ``site``'s scripts, or, with
+    ``why_not``, print the command lines it would have submitted (FT3's where no Slurm answers)."""
+
+    site: str
+    why_not: str | None
+
+    @property
+    def submits(self) -> bool:
+        return self.why_not is None
+
+    def script(self, pattern: str) -> Path:
+        return script_for(pattern, self.site)
+
+
+def cell_plan(submit: bool, environ: dict[str, str] | None = None, cluster: str | None = None) -> CellPlan:
+    """The decision every Slurm cell of the notebooks starts with, in one place: it submits on the course's
+    test cluster, on a real one only with ``SUBMIT = True`` (:func:`submission_refused`); its scripts are
+    this cluster's site's (:func:`site_here`), or FT3's to show where no Slurm answers."""
+    return CellPlan(site_here(environ, cluster) if available() is None else "ft3", submission_refused(submit, cluster))
 
 
 TIME_LIMIT = "00:15:00"  # a notebook cell's jobs are minutes long: never the hours a script asks for itself

@@ -169,6 +169,8 @@ class Trainer:
         self.stopped = False  # fit() ended early on a stop request
         self.epoch_complete = True
         self._resume_in_epoch: dict[str, Any] | None = None  # from a mid-epoch checkpoint
+        # where this run resumed: the checkpoint, at which step, after which batch of its epoch (None: it started afresh)
+        self.resumed_from: dict[str, Any] | None = None
         self.writer = None
         if self.cfg.log_dir and cdist.is_main_process():
             from torch.utils.tensorboard import SummaryWriter
@@ -452,6 +454,8 @@ class Trainer:
         if state.get("rng") is not None:
             set_rng_state(state["rng"])
         within = f" (after batch {self._resume_in_epoch['batches']})" if self._resume_in_epoch else ""
+        self.resumed_from = {"path": str(where), "step": self.global_step,
+                             "batch": self._resume_in_epoch["batches"] if self._resume_in_epoch else None}
         cdist.print0(f"resumed from {where} at epoch {self.epoch}{within}")
         return True
 
