@@ -28,6 +28,20 @@ def _linear_trainer(batch, accum, tmp_path=None, **cfg):
     return Trainer(model, loader, "cpu", config)
 
 
+def test_each_trainer_sets_the_process_s_math_switches_to_its_settings():
+    """TF32 and cuDNN's algorithm search are one value per process: a Trainer sets both from its settings, and
+    the next one's replace them (notebook 01's ladder builds a Trainer per rung)."""
+    from course_utils.precision import tf32_state
+
+    try:
+        _linear_trainer(batch=8, accum=1, cudnn_benchmark=True, tf32=True)
+        assert torch.backends.cudnn.benchmark and tf32_state()["matmul"]
+        _linear_trainer(batch=8, accum=1)  # the defaults: no algorithm search, PyTorch's TF32 defaults
+        assert not torch.backends.cudnn.benchmark and not tf32_state()["matmul"]
+    finally:
+        torch.backends.cudnn.benchmark = False
+
+
 def test_gradient_accumulation_matches_big_batch():
     big = _linear_trainer(batch=16, accum=1)
     small = _linear_trainer(batch=8, accum=2)

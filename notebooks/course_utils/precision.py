@@ -112,6 +112,16 @@ def set_tf32(enabled: bool | None) -> None:
         torch.backends.cudnn.allow_tf32 = conv
 
 
+def set_math_switches(tf32: bool | None, cudnn_benchmark: bool) -> None:
+    """The process-wide math switches a run's settings choose, set in one place: TF32 (:func:`set_tf32`) and
+    cuDNN's algorithm search (``cudnn.benchmark``: it times the convolution algorithms for each new input shape
+    and keeps the fastest; not deterministic, which is why :func:`apply_determinism` turns it off). A process
+    holds one value of each: every Trainer built sets both to its own settings (notebook 01's ladder builds
+    one per rung). Lightning sets ``cudnn.benchmark`` itself, from its ``benchmark`` flag (``lit.make_trainer``)."""
+    set_tf32(tf32)
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
 def tf32_state() -> dict[str, bool]:
     """Whether fp32 matmuls and convolutions may use TF32 now (read with the API :func:`set_tf32` writes)."""
     matmul = _matmul_tf32()

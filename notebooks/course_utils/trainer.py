@@ -27,7 +27,7 @@ from .checkpoint import CheckpointError, ensure_writable_dir, load_latest, save_
 from .config import TrainConfig, resume_mismatch
 from .data import get_datasets, make_loader, set_epoch
 from .models import build_model
-from .precision import autocast, resolve_precision, set_tf32
+from .precision import autocast, resolve_precision, set_math_switches
 from .preemption import StopRequest
 from .rng import rng_state, set_rng_state
 from .timing import Throughput
@@ -143,8 +143,7 @@ class Trainer:
         for d, what in ((self.cfg.log_dir, "log folder"), (self.cfg.ckpt_dir, "checkpoint folder")):
             if d:
                 ensure_writable_dir(d, what)
-        set_tf32(self.cfg.tf32)
-        torch.backends.cudnn.benchmark = self.cfg.cudnn_benchmark
+        set_math_switches(self.cfg.tf32, self.cfg.cudnn_benchmark)
 
         self.memory_format = torch.channels_last if self.cfg.channels_last else torch.contiguous_format
         self.raw_model = model.to(self.device, memory_format=self.memory_format)
