@@ -233,6 +233,9 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
         gpus_visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     gpus = gpus_visible
     local_rank = 0
+    # Lightning reads Slurm's variables itself (its SLURMEnvironment: whenever SLURM_NTASKS is set outside an
+    # interactive job and torchrun did not start the process, even behind slurm/lib/torch_env.sh), so these checks
+    # follow what Lightning will do, not the course's translation (torch_env.sh, process_group.detect_env)
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         launcher = "slurm"
         if _slurm_int(env["SLURM_NTASKS"]) > 1 and "SLURM_STEP_NUM_TASKS" not in env:

@@ -3,6 +3,9 @@
 # sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) from Slurm's,
 # so any script written for torchrun (init_process_group from the environment) runs unchanged:
 #     srun slurm/lib/torch_env.sh python my_train.py
+# The one place Slurm's task variables become torchrun's: every srun pattern of the course starts its tasks
+# through it (course_utils.process_group.detect_env reads Slurm's own only as a fallback, for an srun without it;
+# Lightning reads them itself, lit.plan_launch checks what it will see).
 set -euo pipefail
 : "${SLURM_PROCID:?run this under srun, inside a Slurm job}"
 : "${MASTER_ADDR:?MASTER_ADDR is not set: call course_rendezvous (slurm/lib/course_job.sh) before srun}"

@@ -93,6 +93,10 @@ def detect_env(env: Mapping[str, str] | None = None) -> DistEnv:
                            world_size=_int(env, world, 1), local_world_size=_int(env, local_world, 1),
                            master_addr=addr, master_port=port, launcher=launcher)
 
+    # Slurm's variables become torchrun's in one place: the course's sbatch scripts start every srun task through
+    # slurm/lib/torch_env.sh (and choose MASTER_ADDR/MASTER_PORT once, in course_job.sh's course_rendezvous), so
+    # their ranks arrive in the torchrun branch above. This branch is the fallback for an `srun python script.py`
+    # of your own without it: the step's first node as MASTER_ADDR, a port from the job id.
     # SLURM_STEP_NUM_TASKS is set by srun only. A plain `python train.py` in
     # the batch script (or in salloc) is one process, whatever --ntasks says.
     if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
