@@ -32,9 +32,7 @@ help:
 $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.json
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python >= 3.11 is needed (tomllib reads the config files; the pins were tested on 3.11); set PYTHON=/path/to/python3.11")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# --no-compile: Python writes the bytecode of what is imported, when first imported; compiling all of torch,
-	# Ray, DeepSpeed and Jupyter here took 80 s of one core, most of it for modules the course never imports
-	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e '.[lab,test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[lab,test]'
 	rm -rf notebooks/course_utils.egg-info  # left by an install before setup.cfg moved it to the root
 	# JupyterLab's defaults for this environment: no news prompt, no update check
 	mkdir -p $(VENV)/share/jupyter/lab/settings
