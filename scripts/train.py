@@ -26,7 +26,7 @@ import torch
 
 from course_utils import process_group as cdist
 from course_utils.checkpoint import CheckpointError
-from course_utils.config import TrainConfig, add_config_args, config_from_args
+from course_utils.config import TrainConfig, add_config_args, config_from_args, in_run_dir
 from course_utils.data import DatasetMissingError
 from course_utils.devices import PlacementError
 from course_utils.hardware import peak_memory_mib
@@ -49,7 +49,7 @@ def fail(message: str, code: int = 2) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = config_from_args(args)
+        cfg = in_run_dir(config_from_args(args))  # in a course Slurm job: its folder (RUN_DIR) by default
         with cdist.session(cfg.device) as (info, device):
             return train(cfg, info, device)
     except (cdist.RendezvousError, PlacementError) as exc:

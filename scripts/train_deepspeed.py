@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from course_utils.checkpoint import weights_digest
-from course_utils.config import add_config_args, config_from_args, resume_mismatch
+from course_utils.config import add_config_args, config_from_args, in_run_dir, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
@@ -57,7 +57,7 @@ args = parser.parse_args()
 if args.offload_optimizer and args.zero_stage == 0:  # DeepSpeed would run on and leave the optimizer on the GPU
     parser.exit(2, "error: --offload-optimizer moves ZeRO's optimizer shards to the CPU, and stage 0 has none: "
                    "add --zero-stage 1, 2 or 3\n")
-cfg = config_from_args(args)
+cfg = in_run_dir(config_from_args(args), logs=False)  # in a course Slurm job: RUN_DIR/ckpt by default
 # the course's door forms the group (this rank's GPU set before it exists); DeepSpeed then uses that group
 info, device, precision = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
 os.environ.update(deepspeed_env(use_gpu=device.type == "cuda"))

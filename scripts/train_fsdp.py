@@ -39,7 +39,7 @@ from course_utils.checkpoint import (
     save_sharded,
     weights_digest,
 )
-from course_utils.config import add_config_args, config_from_args, resume_mismatch
+from course_utils.config import add_config_args, config_from_args, in_run_dir, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
@@ -67,7 +67,7 @@ fsdp_args.add_argument("--sync-every-micro-batch", action="store_true",
                        help="with --grad-accum: reduce-scatter each micro-batch's gradients (less memory: no whole "
                             "gradients held between micro-batches; more communication)")
 args = parser.parse_args()
-cfg = config_from_args(args)
+cfg = in_run_dir(config_from_args(args), logs=False)  # in a course Slurm job: RUN_DIR/ckpt by default
 # the course's door forms the group (this rank's GPU set before it exists; one process: a group of one)
 info, device, resolved = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
 world, rank = info.world_size, info.rank

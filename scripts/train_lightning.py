@@ -16,6 +16,7 @@ is ``RESULT {json}``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 import time
@@ -25,7 +26,7 @@ from torch.utils.data import Dataset
 
 from course_utils import process_group as cdist
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
-from course_utils.config import TrainConfig, add_config_args, config_from_args, unsupported
+from course_utils.config import TrainConfig, add_config_args, config_from_args, in_run_dir, unsupported
 from course_utils.data import DatasetInfo, DatasetMissingError, get_datasets
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import (
@@ -62,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = config_from_args(args)
+        cfg = in_run_dir(config_from_args(args))  # in a course Slurm job: its folder (RUN_DIR) by default
+        cfg = dataclasses.replace(cfg, progress=cfg.progress and sys.stdout.isatty())  # no bars in batch logs
         unsupported(cfg, "train_lightning.py", {"channels_last", "compile"})
         plan = plan_launch(cfg.device, args.devices, args.num_nodes)
         refused = strategy_refused(args.strategy, plan)

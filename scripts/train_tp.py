@@ -3,11 +3,11 @@
 
     torchrun --standalone --nproc-per-node=2 scripts/train_tp.py
     torchrun --standalone --nproc-per-node=4 scripts/train_tp.py --hidden 256 --heads 8 --blocks 4
-    srun python scripts/train_tp.py --tp-size 2      # 2-D: tensor parallel in groups of 2, data parallel across
+    srun python scripts/train_tp.py                  # 2-D: tensor parallel inside each node, data parallel across
 
-With --tp-size T (default: every rank) the ranks form a 2-D mesh ("dp", "tp"), node-major: consecutive
-ranks (a node's GPUs under srun or torchrun) share the layers' matrices, and the groups are data
-parallel replicas, each training on its share of the batch (slurm/*/multi_node_2d.sbatch: T = the
+With --tp-size T (default: the ranks of a node, all of them on one node) the ranks form a 2-D mesh ("dp", "tp"),
+node-major: consecutive ranks (a node's GPUs under srun or torchrun) share the layers' matrices, and the groups
+are data parallel replicas, each training on its share of the batch (slurm/*/multi_node_2d.sbatch: T = the
 GPUs of a node).
 
 1. The MLP split by hand (course_utils.tensor_parallel.ColumnRowMLP: fc1 by output features, fc2 by
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-dir", default=None,
                    help="resume from the sharded checkpoint here, if any, and write one at the end (default: none)")
     p.add_argument("--tp-size", type=int, default=None,
-                   help="ranks per tensor-parallel group; the groups are data parallel (default: all ranks)")
+                   help="ranks per tensor-parallel group; the groups are data parallel (default: the ranks of a node)")
     add_device_flag(p)
     return p
 
@@ -243,7 +243,7 @@ def main() -> int:
     with cdist.session(args.device) as (info, device):
         cdist.require_processes(2, "train_tp.py", " (the layers are split over the ranks)")
         ranks = info.world_size
-        tp = args.tp_size or ranks
+        tp = args.tp_size or info.local_world_size  # tensor parallel inside a node, over its fast links
         if ranks % tp or args.heads % tp or (4 * args.hidden) % tp:
             cdist.print0(f"error: --tp-size {tp} must divide the {ranks} ranks, --heads {args.heads} and 4 x --hidden "
                          f"{4 * args.hidden}: each rank holds whole heads and an equal share of the MLP")

@@ -22,11 +22,15 @@ import time
 from pathlib import Path
 
 from course_utils import tuning
-from course_utils.config import add_config_args, config_from_args
+from course_utils.config import add_config_args, config_from_args, job_run_dir
 from course_utils.results import emit_result
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # in a course Slurm job (slurm/lib/course_job.sh made RUN_DIR): the search in RUN_DIR/tune, every node joined
+    run_dir = job_run_dir()
+    storage = run_dir / "tune" if run_dir else tuning.DEFAULT_STORAGE
+    nodes = int(os.environ.get("SLURM_JOB_NUM_NODES", "1")) if run_dir else 1
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
     g = p.add_argument_group("search")
@@ -48,11 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-failures", type=int, default=0,
                    help="start a failed trial again from its last checkpoint this many times (default: 0)")
     g.add_argument("--name", default="search", help="the search's folder under --storage (default: search)")
-    g.add_argument("--storage", default=str(tuning.DEFAULT_STORAGE),
-                   help="where results and checkpoints go; on a cluster, a folder every node sees")
+    g.add_argument("--storage", default=str(storage),
+                   help="where results and checkpoints go; on a cluster, a folder every node sees (default: "
+                        "RUN_DIR/tune in a course Slurm job, else runs/tune)")
     g.add_argument("--fresh", action="store_true", help="start the search again instead of resuming it")
     g.add_argument("--address", default=None, help="a running Ray cluster (default: $RAY_ADDRESS, else start one)")
-    g.add_argument("--nodes", type=int, default=1, help="wait until this many Ray nodes have joined (default: 1)")
+    g.add_argument("--nodes", type=int, default=nodes,
+                   help="wait until this many Ray nodes have joined (default: the job's nodes in a course Slurm job, else 1)")
     g.add_argument("--held-out", type=int, default=1000, help="score the best trial on this many unseen images")
     return p
 

@@ -138,3 +138,16 @@ def test_the_committed_config_files_are_valid():
         assert settings, f"{path} sets nothing"
         assert parse(["--config", path]) == parse(config_flags(TrainConfig(**settings))), \
             "a file and the flags it stands for are the same run"
+
+
+def test_in_a_course_slurm_job_the_outputs_default_to_its_folder():
+    """slurm/lib/course_job.sh exports RUN_DIR; the course's scripts put their outputs there unless told otherwise."""
+    from course_utils.config import in_run_dir
+
+    job = {"RUN_DIR": "/scratch/runs/ft3-requeue-7", "SLURM_JOB_ID": "7"}
+    cfg = in_run_dir(TrainConfig(), environ=job)
+    assert (cfg.ckpt_dir, cfg.log_dir) == ("/scratch/runs/ft3-requeue-7/ckpt", "/scratch/runs/ft3-requeue-7/tb")
+    assert in_run_dir(TrainConfig(), logs=False, environ=job).log_dir is None, "a script that writes no logs"
+    mine = in_run_dir(TrainConfig(ckpt_dir="/mine"), environ=job)
+    assert mine.ckpt_dir == "/mine" and mine.log_dir.endswith("/tb"), "a --ckpt-dir of your own wins"
+    assert in_run_dir(TrainConfig(), environ={"RUN_DIR": "/somewhere"}) == TrainConfig(), "outside a Slurm job"

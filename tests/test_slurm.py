@@ -94,8 +94,8 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
 # plain script, and the sweep array; notebook 05 and the requeue test below the requeue pattern; notebook 06
 # the Lightning pattern; the Ray test FT3's and Frontera's Ray patterns. What no notebook runs runs here: the plain script under torchrun's
-# rendezvous across nodes (one_node and requeue start the same torchrun on one node, and the same course_flags
-# leave a plain script's flags alone: their launch lines run in notebooks 04 and 05) and in the sweep, whose
+# rendezvous across nodes (one_node and requeue start the same torchrun on one node, and no pattern adds a flag
+# to any script: their launch lines run in notebooks 04 and 05) and in the sweep, whose
 # trials hand it their flags; DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data
 # parallel across).
 RUN_HERE = {("generic", "multi_node_torchrun"): "plain", ("generic", "sweep_array"): "plain",
@@ -425,17 +425,17 @@ def test_the_command_a_cell_prints_without_submit_is_the_one_it_would_submit(mon
 
 def _course_job(tmp_path: Path, job_id: str, **env: str) -> subprocess.CompletedProcess:
     """What the Ray pattern's batch shell computes, without Slurm: RUN_DIR, then tune.py's argv as the script passes it."""
-    shell = ('source slurm/lib/course_job.sh && course_flags "$RUN_DIR" && '
-             'printf "%s\\n" "$RUN_DIR" "${TRAIN_ARGV[@]}" "${COURSE_ARGV[@]}"')
+    shell = 'source slurm/lib/course_job.sh && printf "%s\\n" "$RUN_DIR" "${TRAIN_ARGV[@]}"'
     return subprocess.run(["bash", "-c", shell], capture_output=True, text=True, cwd=REPO_ROOT, env={
         "PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job_id, "SLURM_JOB_NAME": "ft3-multi-node-ray",
         "SLURM_JOB_NUM_NODES": "2", "SLURM_SUBMIT_DIR": str(REPO_ROOT), "COURSE_RUNS": str(tmp_path),
         "TRAIN_SCRIPT": "scripts/tune.py", "TRAIN_ARGS": "--num-samples 4", **env})
 
 
-def test_a_resubmitted_ray_search_finds_its_folder_and_keeps_a_storage_of_your_own(tmp_path):
+def test_a_resubmitted_ray_search_finds_its_folder_and_keeps_a_storage_of_your_own(tmp_path, monkeypatch):
     """A resubmission is a new job id: COURSE_RUN_NAME names the folder, so the new job's tune.py resumes the search
-    saved there; a --storage in TRAIN_ARGS is the one tune.py gets (the course's comes last and would win)."""
+    saved there (its --storage defaults to the job's RUN_DIR/tune, its --nodes to the job's nodes); a --storage in
+    TRAIN_ARGS is the one tune.py gets (the batch script adds no flag of its own)."""
     spec = importlib.util.spec_from_file_location("tune_script", REPO_ROOT / "scripts" / "tune.py")
     tune_script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune_script)
@@ -444,6 +444,8 @@ def test_a_resubmitted_ray_search_finds_its_folder_and_keeps_a_storage_of_your_o
         out = _course_job(tmp_path, job_id, **env)
         assert out.returncode == 0, out.stderr
         run_dir, *argv = out.stdout.splitlines()
+        for name, value in {"RUN_DIR": run_dir, "SLURM_JOB_ID": job_id, "SLURM_JOB_NUM_NODES": "2"}.items():
+            monkeypatch.setenv(name, value)  # what tune.py sees in that job
         return run_dir, tune_script.build_parser().parse_args(argv)
 
     first, second = job("101"), job("202")
@@ -453,7 +455,7 @@ def test_a_resubmitted_ray_search_finds_its_folder_and_keeps_a_storage_of_your_o
     assert first[1].storage == second[1].storage == str(tmp_path / "my-search" / "tune")
     assert (first[1].num_samples, first[1].nodes) == (4, 2)
     _, own = job("303", TRAIN_ARGS=f"--num-samples 4 --storage {tmp_path / 'mine'}")
-    assert own.storage == str(tmp_path / "mine") and own.nodes == 2, "the user's --storage, the course's --nodes"
+    assert own.storage == str(tmp_path / "mine") and own.nodes == 2, "the user's --storage, the job's nodes"
     refused = _course_job(tmp_path, "404", COURSE_RUN_NAME="a/b")
     assert refused.returncode == 2 and "is a folder name under COURSE_RUNS" in refused.stderr
 
@@ -524,9 +526,14 @@ def test_ray_node_keeps_trying_with_back_off_until_its_bound_then_says_what_fail
 
 def test_fsdp2_through_the_deepspeed_pattern_checkpoints_to_the_job_s_folder(tmp_path):
     """multi_node_deepspeed's comment says FSDP2 (TRAIN_SCRIPT=scripts/train_fsdp.py) runs there too, with its
-    checkpoints in the job's folder, where a resubmission with COURSE_RUN_NAME finds them."""
-    out = _course_job(tmp_path, "505", TRAIN_SCRIPT="scripts/train_fsdp.py", TRAIN_ARGS="--epochs 1",
+    checkpoints in the job's folder, where a resubmission with COURSE_RUN_NAME finds them: the batch script adds
+    no flag, the script finds RUN_DIR (one process here, as the job's environment would start it)."""
+    tiny = "--model mlp --epochs 1 --n-train 64 --n-val 32 --batch-size 32 --workers 0 --device cpu"
+    out = _course_job(tmp_path, "505", TRAIN_SCRIPT="scripts/train_fsdp.py", TRAIN_ARGS=tiny,
                       COURSE_RUN_NAME="fsdp-run")
     assert out.returncode == 0, out.stderr
-    argv = out.stdout.splitlines()[1:]
-    assert argv[argv.index("--ckpt-dir") + 1] == str(tmp_path / "fsdp-run" / "ckpt"), argv
+    run_dir, *argv = out.stdout.splitlines()
+    assert run_dir == str(tmp_path / "fsdp-run") and "--ckpt-dir" not in argv, argv
+    run_script("train_fsdp.py", argv, env={"RUN_DIR": run_dir, "SLURM_JOB_ID": "505", **ONE_THREAD}, echo=False,
+               timeout_s=300)
+    assert (tmp_path / "fsdp-run" / "ckpt" / "latest").is_file(), "the sharded checkpoint went to RUN_DIR/ckpt"

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import tomllib
 import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from .data import DATASETS
@@ -215,6 +217,27 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     names = {f.name for f in fields(TrainConfig)}
     settings.update({k: v for k, v in vars(args).items() if k in names})
     return TrainConfig(**settings)
+
+
+def job_run_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The folder of the course Slurm job this process runs in: ``RUN_DIR``, made and exported by
+    ``slurm/lib/course_job.sh`` (a folder per job, per trial of a sweep, or COURSE_RUN_NAME's); None outside one.
+    The batch scripts name no Python script: each of the course's scripts asks here where its outputs go."""
+    environ = os.environ if environ is None else environ
+    return Path(environ["RUN_DIR"]) if environ.get("RUN_DIR") and environ.get("SLURM_JOB_ID") else None
+
+
+def in_run_dir(config: TrainConfig, logs: bool = True, environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """``config`` with its outputs in the job's folder (:func:`job_run_dir`) where its settings name none:
+    checkpoints in ``RUN_DIR/ckpt``, TensorBoard logs in ``RUN_DIR/tb`` (``logs``: the script writes them).
+    A ``--ckpt-dir`` or ``--log-dir`` of your own wins; outside a course job nothing changes."""
+    run_dir = job_run_dir(environ)
+    if run_dir is None:
+        return config
+    outputs = {"ckpt_dir": config.ckpt_dir or str(run_dir / "ckpt")}
+    if logs:
+        outputs["log_dir"] = config.log_dir or str(run_dir / "tb")
+    return dataclasses.replace(config, **outputs)
 
 
 def config_flags(config: TrainConfig, base: TrainConfig | None = None) -> list[str]:

@@ -2,14 +2,14 @@
 # Sourced by every sbatch script in slurm/ (written by slurm/generate.py). What every job needs:
 #   course_activate    the environment hook (modules + conda where they exist, .venv otherwise)
 #   course_rendezvous  MASTER_ADDR = the job's first node, MASTER_PORT = a port free there now
-#   course_flags DIR   COURSE_ARGV: the course's own scripts' flags (checkpoints and logs in DIR;
-#                      train_tp.py: --tp-size GPUS_PER_NODE); empty for any other TRAIN_SCRIPT
 #   course_run_requeueable  run training so that Slurm's warning signal checkpoints and requeues
 #   TRAIN_SCRIPT       what to run: the course's scripts/train.py unless set; TRAIN_ARGS its flags
-#   RUN_DIR            a folder per job under COURSE_RUNS, created here (exported: your script may use it);
-#                      COURSE_RUN_NAME=NAME makes it COURSE_RUNS/NAME, so a resubmitted job finds what the last saved
+#   RUN_DIR            a folder per job under COURSE_RUNS, created here and exported: the course's scripts put
+#                      their checkpoints, logs and searches in it unless their flags say otherwise (your script
+#                      may use it too); COURSE_RUN_NAME=NAME makes it COURSE_RUNS/NAME, so a resubmitted job
+#                      finds what the last saved
 #   SRUN_CPUS_PER_TASK every srun task gets the job's --cpus-per-task (Slurm >= 22.05 needs this)
-# The scripts themselves only choose resources and a launch pattern.
+# The scripts themselves only choose resources and a launch pattern; none names a Python script's flags.
 
 set -euo pipefail
 
@@ -67,32 +67,6 @@ course_rendezvous() {
     MASTER_PORT="$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"
     export MASTER_ADDR MASTER_PORT
     echo "job $SLURM_JOB_ID on ${SLURM_JOB_NUM_NODES:-1} node(s): $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
-}
-
-# The course's train.py and train_lightning.py write checkpoints and TensorBoard logs where they
-# are told, train_deepspeed.py and train_fsdp.py their sharded checkpoints, tune.py its search; any other script gets only TRAIN_ARGS (and
-# may read RUN_DIR from the environment). A flag TRAIN_ARGS gives already is left out: COURSE_ARGV comes last on the
-# command line and a flag's last value wins, so the job's folder would replace yours (a --storage holding a search).
-# shellcheck disable=SC2034  # COURSE_ARGV is used by the scripts that source this file
-course_flags() {
-    COURSE_ARGV=()
-    if [[ "$TRAIN_SCRIPT" -ef "$COURSE_TRAIN" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_lightning.py" ]]; then
-        _course_flag --ckpt-dir "$1/ckpt"; _course_flag --log-dir "$1/tb"; _course_flag --no-progress
-    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_deepspeed.py" || "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_fsdp.py" ]]; then
-        _course_flag --ckpt-dir "$1/ckpt"; _course_flag --no-progress   # ZeRO's or DCP's checkpoints; no TensorBoard here
-    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/train_tp.py" && -n "${GPUS_PER_NODE:-}" ]]; then
-        _course_flag --tp-size "$GPUS_PER_NODE"   # tensor parallel inside each node (multi_node_2d)
-    elif [[ "$TRAIN_SCRIPT" -ef "$COURSE_ROOT/scripts/tune.py" ]]; then
-        _course_flag --storage "$1/tune"; _course_flag --nodes "${SLURM_JOB_NUM_NODES:-1}"   # the search; every node joined
-    fi
-}
-# _course_flag FLAG [VALUE]: add them to COURSE_ARGV unless TRAIN_ARGS gives FLAG already
-_course_flag() {
-    local arg
-    for arg in "${TRAIN_ARGV[@]}"; do
-        if [[ "$arg" == "$1" || "$arg" == "$1="* ]]; then return 0; fi
-    done
-    COURSE_ARGV+=("$@")
 }
 
 # Training that outlives the time limit (#SBATCH --signal=B:USR1@t --requeue): run the command in
