@@ -107,9 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     result["stopped"] = left > 0
     if left:  # Tune stopped on a signal (Slurm's warning, Ctrl+C) and saved the search
         again = f"run the same command again (same --storage and --name) and it resumes from {grid.experiment_path}"
-        run_dir = os.environ.get("RUN_DIR")  # a Slurm job's folder (slurm/lib/course_job.sh); a new job gets a new one
-        if run_dir and os.environ.get("SLURM_JOB_ID") and \
-                Path(grid.experiment_path).is_relative_to(Path(run_dir).resolve()):
+        run_dir = job_run_dir()  # a Slurm job's folder (slurm/lib/course_job.sh); a new job gets a new one
+        if run_dir and Path(grid.experiment_path).is_relative_to(run_dir.resolve()):
             again = (f"a requeued job resumes it from {grid.experiment_path}, and so does a new job submitted with "
                      f"COURSE_RUN_NAME={Path(run_dir).name} (and the same TRAIN_ARGS)")
         print(f"search stopped with {left} trial(s) left: {again}", flush=True)

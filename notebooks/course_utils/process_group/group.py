@@ -205,5 +205,6 @@ def parallel_mesh(device: torch.device, tp: int = 1):
 
     world = get_world_size()
     if tp < 1 or world % tp:
-        raise ValueError(f"a tensor-parallel degree of {tp} does not divide the {world} ranks")
+        raise ValueError(f"a tensor-parallel degree of {tp} does not divide the {world} ranks: choose one that does "
+                         "(the GPUs of a node, as slurm/*/multi_node_2d.sbatch does)")
     return init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
