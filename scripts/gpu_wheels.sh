@@ -25,9 +25,9 @@ WHL=.whl
 PIECE=30m
 CARRY_MIB=60  # one call carries 64 MiB, the repository included
 # What the lent machine's image already holds (its package list in the device tool's KINDS.md),
-# and what a notebook run does not need (the JupyterLab server and its widgets).
+# and what a notebook run does not need (the installer, the JupyterLab server and its widgets).
 THERE='^(cuda-.*|torch|torchvision|torchaudio|triton|nvidia-.*|lightning.*|pytorch-lightning|torchmetrics|numpy|matplotlib|pytest.*|pandas|scipy|pillow|tensorboard|tensorboard-data-server|psutil|packaging|pyyaml|filelock|fsspec|jinja2|markupsafe|sympy|mpmath|networkx|typing-extensions|requests|urllib3|idna|certifi|charset-normalizer|attrs|click|protobuf|grpcio|msgpack|tqdm|aiohttp|aiosignal|frozenlist|multidict|yarl|propcache|aiohappyeyeballs|six|python-dateutil|pygments|rich|markdown-it-py|mdurl|contourpy|cycler|fonttools|kiwisolver|pyparsing|setuptools|wheel|pip|werkzeug|markdown|absl-py|cloudpickle|h5py|py-cpuinfo|einops|iniconfig|pluggy|coverage|execnet|hypothesis|sortedcontainers|joblib|threadpoolctl|scikit-learn|pyarrow|wrapt|zipp|anyio|h11|httpcore|httpx|sniffio|decorator|prometheus-client|nvidia-ml-py)$'
-NOT_NEEDED='^(jupyterlab.*|jupyter-server.*|jupyter-lsp|jupyter-events|jupyter-builder|notebook-shim|terminado|send2trash|argon2-.*|babel|json5|async-lru|ipywidgets|widgetsnbextension|overrides|rfc3.*|uri-template|webcolors|fqdn|isoduration|arrow|lark|python-json-logger|websocket-client|bleach|tinycss2|webencodings|defusedxml|mistune|nbconvert|pandocfilters|beautifulsoup4|soupsieve|jupyterlab-pygments|cffi|pycparser|pexpect|ptyprocess)$'
+NOT_NEEDED='^(uv|jupyterlab.*|jupyter-server.*|jupyter-lsp|jupyter-events|jupyter-builder|notebook-shim|terminado|send2trash|argon2-.*|babel|json5|async-lru|ipywidgets|widgetsnbextension|overrides|rfc3.*|uri-template|webcolors|fqdn|isoduration|arrow|lark|python-json-logger|websocket-client|bleach|tinycss2|webencodings|defusedxml|mistune|nbconvert|pandocfilters|beautifulsoup4|soupsieve|jupyterlab-pygments|cffi|pycparser|pexpect|ptyprocess)$'
 # torch's own CUDA stack: the machine's torch brings its own build of these, never ours (NVML's
 # Python binding, nvidia-ml-py, is not part of it)
 TORCH_OWN='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$'
