@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         verbose=1)
     rows = tuning.trials(grid, base.epochs)
     print(tuning.table(rows), flush=True)
-    result = {"script": "tune.py", **tuning.summary(rows), "most_at_once": tuning.most_at_once(grid),
+    result = {"script": "tune.py", "nodes": nodes, **tuning.summary(rows), "most_at_once": tuning.most_at_once(grid),
               "seconds": time.perf_counter() - start,
               "path": str(grid.experiment_path), "statuses": [r["status"] for r in rows]}
     left = sum(r["status"] in ("unfinished", "not started") for r in rows) + args.num_samples - len(rows)

@@ -1,5 +1,5 @@
-"""The uninterrupted run every resume test compares with (test_fault_tolerance, test_slurm's requeue
-test): one per rank count for the whole session (the ``uninterrupted`` fixture in conftest.py)."""
+"""The uninterrupted run a resume test compares with (test_fault_tolerance): one per rank count for the
+whole session (the ``uninterrupted`` fixture in conftest.py)."""
 
 from pathlib import Path
 

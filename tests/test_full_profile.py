@@ -325,7 +325,6 @@ COVERED = {
            "args / --batch-size": "test_03_ddp", "run / run_script(train.py) / timeout_s=": "test_03_ddp",
            "EPOCHS": "test_03_lr_scaling", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_train=":
                "test_03_lr_scaling",
-           "run / run_script(ddp_checks.py) / --steps": "test_03_checks_and_buckets",
            "run / run_script(ddp_buckets.py) / --steps": "test_03_checks_and_buckets",
            "run / run_script(ddp_buckets.py) / --batch-size": "test_03_checks_and_buckets",
            "batch": "test_03_scaling", "steps": "test_03_scaling"},
@@ -508,7 +507,7 @@ def test_03_checks_and_buckets(full):
     plan = _plan03(full)
     buckets = plan_demo(2, full.target.gpus_per_node)  # the cell's own call: 2 ranks
     assert buckets.device == "cpu" or buckets.nproc <= full.target.gpus_per_node
-    steps = full.pick("03", "run / run_script(ddp_checks.py) / --steps")
+    steps = full.value("03", "CHECK_STEPS")
     (checks_timeout,) = call_keywords("03", "run_script('ddp_checks.py'", "timeout_s")
     (buckets_timeout,) = call_keywords("03", "run_script('ddp_buckets.py'", "timeout_s")
     # ddp_checks.py: the course's CNN, a few images a step, steps x 2 runs, on any device: start-up dominates

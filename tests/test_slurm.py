@@ -15,15 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from course_utils import slurm
-from course_utils.checkpoint import load_checkpoint
 from course_utils.launch import run_script
 from course_utils.paths import REPO_ROOT
 from course_utils.results import results_in_log
 from course_utils.waiting import wait_until
-from references import RESUME_ARGS
 
 SCRIPTS = sorted((REPO_ROOT / "slurm").glob("*/*.sbatch"))
 TINY = "--model cnn --epochs 2 --n-train 256 --n-val 64 --batch-size 16 --workers 0"
@@ -92,8 +89,9 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # per pattern writes the launch lines), and every script's request is checked against the cluster with
 # `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
 # one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
-# plain script, and the sweep array; notebook 05 and the requeue test below the requeue pattern; notebook 06
-# the Lightning pattern; the Ray test FT3's and Frontera's Ray patterns. What no notebook runs runs here: the plain script under torchrun's
+# plain script, and the sweep array; notebook 05 the requeue pattern (its resume bit
+# for bit: tests/test_fault_tolerance.py); notebook 06
+# the Lightning pattern; the Ray test Frontera's Ray pattern. What no notebook runs runs here: the plain script under torchrun's
 # rendezvous across nodes (one_node and requeue start the same torchrun on one node, and no pattern adds a flag
 # to any script: their launch lines run in notebooks 04 and 05) and in the sweep, whose
 # trials hand it their flags; DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data
@@ -154,46 +152,6 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
 
 
 @needs_cluster
-def test_requeued_jobs_resume_mid_epoch_and_end_identical_to_uninterrupted_runs(cluster, tmp_path, uninterrupted):
-    """The requeue pattern (generic's script, two ranks; Frontera's four-rank script is the same template with
-    other #SBATCH lines, its request checked by --test-only above): the warning signal makes training
-    checkpoint at its next step and stop; the job requeues, resumes after that step, and ends bit for bit
-    where a run that was never interrupted ends (same ranks, one thread each: the session's reference run
-    that test_fault_tolerance also compares with). Notebook 05 shows the requeue itself."""
-    args = " ".join(RESUME_ARGS)  # the session's uninterrupted runs (conftest.py) are the references
-    jobs = {}
-    for site in ("generic",):
-        runs = tmp_path / site
-        job = slurm.sbatch(REPO_ROOT / "slurm" / site / "requeue.sbatch",
-                           env={"TRAIN_ARGS": args, "COURSE_RUNS": str(runs), **ONE_THREAD})
-        jobs[job] = (site, runs / f"{site}-requeue-{job}" / "ckpt" / "last.pt")
-    for job, (_site, ckpt) in jobs.items():
-        # the first epoch is done: now the time limit "comes near"
-        wait_until(ckpt.exists, 600, lambda job=job: AssertionError(cluster.job_report(job, slurm.job_records(job))),
-                   interval_s=0.2)
-        slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
-    for job in jobs:
-        slurm.wait_requeued(job)
-        slurm.release(job)  # a requeued job is held until a BeginTime some way off
-    # the uninterrupted runs (once per rank count for the session), while the requeued jobs finish
-    references = {SITES[site]["gpus_per_node"]: uninterrupted(SITES[site]["gpus_per_node"]) for _, (site, _) in jobs.items()}
-    records = slurm.wait(list(jobs), timeout_s=900)
-    for job, (site, ckpt) in jobs.items():
-        record = records[job][0]
-        report = cluster.job_report(job, records[job])
-        assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
-        log = Path(record["StdOut"]).read_text()
-        assert "stopped on request (SIGUSR1)" in log and "requeueing job" in log and "start number 2" in log, report
-        assert "(after batch " in log.split("start number 2")[1], f"the second start resumed mid-epoch\n{report}"
-        reference, reference_result = references[SITES[site]["gpus_per_node"]]
-        final = load_checkpoint(ckpt)
-        assert final["epoch"] == 4 and final["in_epoch"] is None, report
-        for name, tensor in reference["model"].items():
-            assert torch.equal(tensor, final["model"][name]), f"{site}: {name} differs from the uninterrupted run"
-        assert results_in_log(record["StdOut"])[-1]["train_loss"] == reference_result["train_loss"]
-
-
-@needs_cluster
 def test_fabric_runs_under_the_srun_pattern_unchanged(cluster):
     """Fabric reads its ranks from Slurm (srun, one task per GPU) like Lightning."""
     script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
@@ -220,20 +178,6 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-OWN_TUNE_SCRIPT = """
-import json, os, socket
-import ray
-from ray import tune
-ray.init()  # the job's Ray, at $RAY_ADDRESS
-nodes_at_start = sum(n["Alive"] for n in ray.nodes())
-def trial(config):
-    tune.report({"host": socket.gethostname()})
-grid = tune.Tuner(tune.with_resources(trial, {"cpu": 8}), param_space={"x": tune.grid_search([1, 2, 3, 4])},
-                  run_config=tune.RunConfig(storage_path=os.path.join(os.environ["RUN_DIR"], "own"))).fit()
-print("OWN " + json.dumps({"nodes_at_start": nodes_at_start, "hosts": sorted({r.metrics["host"] for r in grid})}))
-"""
-
-
 def _no_ray_left(job: int) -> None:
     left = _processes_naming(f"/tmp/ray-{job}-")
     assert left == [], "Ray processes of the job outlived it:\n" + "\n".join(left)
@@ -243,55 +187,41 @@ def _no_ray_left(job: int) -> None:
 
 @needs_cluster
 def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_a_search(cluster, tmp_path):
-    """Two sites' Ray patterns at once (FT3's asked for 16 cores a node, so both fit). FT3's starts where the
-    first import of Ray's agent on a node takes 17 s (tests/slow_imports: a cold Lustre; Ray 2.60's raylet
-    gives the agent 15 s) and runs a researcher's own Tune script, which must find every node joined at its
-    first line, spread its trials over both, and save into the RUN_DIR the job made. Frontera's runs the
-    course's search, stops it on Slurm's warning, requeues, and the next start finishes the search from its
-    folder. No Ray process of either job is left. (A request no node holds: tests/test_tune.py; every site's
-    request: sbatch --test-only above.)"""
-    own = tmp_path / "own_tune.py"
-    own.write_text(OWN_TUNE_SCRIPT)
+    """Frontera's Ray pattern (16 cores a node: one trial of 16 CPUs per node) starts where the first import
+    of Ray's agent on a node takes 17 s (tests/slow_imports: a cold Lustre; Ray 2.60's raylet gives the agent
+    15 s). The course's search is told to wait for one node only (--nodes 1), so the nodes it finds at its
+    first line are those the job script waited for: every node, as any Ray script of a researcher's would see
+    them. Its trials spread over both nodes and save into the RUN_DIR the job made; Slurm's warning stops the
+    search, the job requeues, and the next start finishes the search from its folder. No Ray process is left.
+    (FT3's script is the same template with other #SBATCH lines: sbatch --test-only above; a request no node
+    holds: tests/test_tune.py.)"""
     search = ("--model cnn --epochs 3 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
-              "--cpus-per-trial 16 --held-out 200 --scheduler fifo")
-    runs = {"COURSE_RUNS": str(tmp_path), **ONE_THREAD}
-    cold = {"PYTHONPATH": str(REPO_ROOT / "tests" / "slow_imports")}
-    frontera = slurm.sbatch(REPO_ROOT / "slurm" / "frontera" / "multi_node_ray.sbatch", env={**runs, "TRAIN_ARGS": search})
-    ft3 = slurm.sbatch(REPO_ROOT / "slurm" / "ft3" / "multi_node_ray.sbatch", "--cpus-per-task=16",
-                       env={**runs, **cold, "TRAIN_SCRIPT": str(own), "TRAIN_ARGS": ""})
-    search_dir = tmp_path / f"frontera-multi-node-ray-{frontera}" / "tune" / "search"
+              "--cpus-per-trial 16 --held-out 200 --scheduler fifo --nodes 1")
+    env = {"COURSE_RUNS": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "tests" / "slow_imports"),
+           "TRAIN_ARGS": search, **ONE_THREAD}
+    job = slurm.sbatch(REPO_ROOT / "slurm" / "frontera" / "multi_node_ray.sbatch", env=env)
+    search_dir = tmp_path / f"frontera-multi-node-ray-{job}" / "tune" / "search"
 
     def first_trial_reported() -> bool:
-        assert (slurm.job_records(frontera) or [{}])[0].get("JobState") in ("PENDING", "CONFIGURING", "RUNNING")
+        assert (slurm.job_records(job) or [{}])[0].get("JobState") in ("PENDING", "CONFIGURING", "RUNNING")
         return any(search_dir.glob("*/checkpoint_*"))
 
-    wait_until(first_trial_reported, 600, lambda: AssertionError(cluster.job_report(frontera, slurm.job_records(frontera))),
+    wait_until(first_trial_reported, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
                interval_s=0.5)
-    slurm.signal_batch(frontera, "USR1")  # what --signal=B:USR1@120 does before the time limit
-    slurm.wait_requeued(frontera)
-    slurm.release(frontera)
-    records = slurm.wait([frontera, ft3], timeout_s=900)
+    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
+    slurm.wait_requeued(job)
+    slurm.release(job)
+    records = slurm.wait([job], timeout_s=900)
 
-    record = records[frontera][0]
-    report = cluster.job_report(frontera, records[frontera])
+    record = records[job][0]
+    report = cluster.job_report(job, records[job])
     assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
-    first, second = Path(record["StdOut"]).read_text().split("start number 2")
-    assert "search stopped with" in first and "requeueing job" in first, report
     stopped, final = results_in_log(record["StdOut"])
+    assert len(stopped["nodes"]) == 2 and len(final["nodes"]) == 2, "each start's script found both nodes joined"
     assert stopped["stopped"] and not final["stopped"] and final["trials"] == 2 and final["errored"] == 0, report
     assert all(s == "completed" for s in final["statuses"]) and final["hosts"] == ["cnode1", "cnode2"], final
     assert Path(final["path"]) == search_dir, final["path"]
-
-    record = records[ft3][0]
-    report = cluster.job_report(ft3, records[ft3])
-    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), report
-    log = Path(record["StdOut"]).read_text()
-    assert "Ray: all 2 node(s) joined" in log, report
-    own_result = json.loads(next(x for x in log.splitlines() if x.startswith("OWN "))[4:])
-    assert own_result == {"nodes_at_start": 2, "hosts": ["cnode1", "cnode2"]}, report
-    assert (tmp_path / f"ft3-multi-node-ray-{ft3}" / "own").is_dir(), "the script saved into the RUN_DIR the job made"
-    for job in (frontera, ft3):
-        _no_ray_left(job)
+    _no_ray_left(job)
 
 
 @needs_cluster

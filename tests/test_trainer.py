@@ -269,17 +269,3 @@ def test_every_trainer_takes_deterministic_kernels_from_its_environment(monkeypa
         torch.use_deterministic_algorithms(before["use_deterministic_algorithms"])
         torch.backends.cudnn.deterministic = before["cudnn_deterministic"]
         torch.backends.cudnn.benchmark = before["cudnn_benchmark"]
-
-
-def test_ddp_checks_holds_over_the_full_profiles_20_steps_and_fails_a_ddp_that_sums():
-    """Notebook 03's full profile runs scripts/ddp_checks.py for 20 steps. Its float32 tolerance (atol 1e-5,
-    rtol 1e-4) failed there on a CPU already (1e-4 apart after 20 steps: round-off grown by training); the
-    check is now made in float64 against a stated bound, and the run's control, a DDP that sums the gradients
-    instead of averaging them, misses that bound by a factor of a million and more."""
-    from course_utils.launch import run_script
-    from course_utils.results import parse_result
-
-    r = parse_result(run_script("ddp_checks.py", ["--steps", "20"], nproc=2, timeout_s=600, echo=False).output)
-    assert r["ok"] and r["within_tolerance"] and r["steps"] == 20
-    assert r["max_abs_diff_float64"] <= r["float64_atol"] == 1e-9
-    assert r["summed_max_abs_diff"] > 1e6 * r["float64_atol"], "a wrong average fails the check by far"
