@@ -47,10 +47,8 @@ def cluster():
 
 
 def expected(script: Path) -> tuple[int, int, int]:
-    """(world size, nodes, result lines per log) that ``script`` must produce."""
+    """(world size, nodes, result lines per log) that ``script`` must produce (a sweep's: notebook 04)."""
     site, pattern = SITES[script.parent.name], script.stem
-    if pattern == "sweep_array":
-        return 1, 1, generate.trials_per_task(site)
     nodes = 2 if pattern.startswith("multi_node") else 1
     return nodes * site["gpus_per_node"], nodes, 1
 
@@ -89,15 +87,13 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # per pattern writes the launch lines), and every script's request is checked against the cluster with
 # `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
 # one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
-# plain script, and the sweep array; notebook 05 the requeue pattern (its resume bit
-# for bit: tests/test_fault_tolerance.py); notebook 06
-# the Lightning pattern; the Ray test Frontera's Ray pattern. What no notebook runs runs here: the plain script under torchrun's
-# rendezvous across nodes (one_node and requeue start the same torchrun on one node, and no pattern adds a flag
-# to any script: their launch lines run in notebooks 04 and 05) and in the sweep, whose
-# trials hand it their flags; DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data
-# parallel across).
-RUN_HERE = {("generic", "multi_node_torchrun"): "plain", ("generic", "sweep_array"): "plain",
-            ("ft3", "multi_node_deepspeed"): "course", ("generic", "multi_node_2d"): "2d"}
+# plain script, and the sweep array (each trial's flags checked); notebook 05 the requeue pattern (its resume
+# bit for bit: tests/test_fault_tolerance.py); notebook 06 the Lightning pattern; the Ray test Frontera's Ray
+# pattern. What no notebook runs runs here: the plain script under torchrun's rendezvous across nodes
+# (one_node and requeue start the same torchrun on one node, and no pattern adds a flag to any script);
+# DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data parallel across).
+RUN_HERE = {("generic", "multi_node_torchrun"): "plain", ("ft3", "multi_node_deepspeed"): "course",
+            ("generic", "multi_node_2d"): "2d"}
 TINY_2D = "--hidden 32 --heads 2 --blocks 1 --batch 2 --seq 8 --steps 2"
 
 
