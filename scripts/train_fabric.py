@@ -62,13 +62,14 @@ loader = make_loader(train_ds, cfg.batch_size, shuffle=True, workers=cfg.workers
 val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.workers, seed=cfg.seed)
 loader, val_loader = fabric.setup_dataloaders(loader, val_loader)  # batches arrive on the device
 
-losses, step, first_epoch = [], 0, 0
+losses, step, first_epoch, resumed_from = [], 0, 0, None
 n_batches = min(len(loader), cfg.steps_per_epoch or len(loader))  # per epoch, on this rank
 ckpt = Path(cfg.ckpt_dir) / "loop.pt" if cfg.ckpt_dir else None
 if ckpt and cfg.resume and ckpt.exists():  # every rank reads it, onto its own device
     # restores these two in place and returns the rest (your own file: it may hold more than tensors)
     rest = fabric.load(ckpt, {"model": model, "optimizer": optimizer}, weights_only=False)
     first_epoch, losses, step = rest["epoch"], rest["losses"], rest["step"]
+    resumed_from = {"path": str(ckpt), "epoch": first_epoch, "step": step}
     for _ in range(first_epoch):  # Fabric sets the sampler's epoch from the loader's iterations: start one per
         next(iter(loader), None)  # finished epoch (one batch read), so the next epoch shuffles as it would have
     set_rng_state(rest["rng"])  # augmentation draws from it: the next epoch sees the same images
@@ -101,6 +102,7 @@ for epoch in range(first_epoch, cfg.epochs):
 val_loss, val_acc = evaluate(model, val_loader, device, precision)
 emit_result({"trainer": Path(__file__).name, "world_size": world, "hosts": ranks_per_host(),
              "ranks_agree": ranks_agree(model), "device": str(device), "epochs": cfg.epochs, "global_step": step,
+             "resumed_from": resumed_from,
              "train_loss": losses, "val_loss": val_loss, "val_acc": val_acc,
              "images_per_s_per_rank": meter.images_per_s, "peak_memory_mib": peak_memory_mib(device)})
 del model, optimizer, loader, val_loader  # DDP holds the group in reference cycles: free it before the exit

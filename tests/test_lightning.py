@@ -20,7 +20,6 @@ from course_utils.precision import precision_for
 from lightning.pytorch.plugins.precision import FSDPPrecision
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from course_utils.paths import SCRIPTS
-from course_utils.results import parse_result
 
 TINY = ["--model", "cnn", "--epochs", "2", "--n-train", "1024", "--n-val", "256", "--batch-size", "32",
         "--workers", "0", "--no-progress"]
@@ -97,24 +96,6 @@ def test_the_loop_by_hand_never_puts_two_ranks_on_one_gpu():
                      check=False, echo=False)
     said = "no CUDA GPU is visible" if gpus == 0 else f"{gpus + 1} ranks on .* but only {gpus} GPU"
     assert run.returncode != 0 and re.search(said, run.output), run.output
-
-
-def test_fabric_accumulates_and_resumes_exactly_as_the_loop_by_hand_runs_uninterrupted(tmp_path):
-    """(Notebook 06 prints the diff between the two scripts.) --grad-accum 3 on batches that do not divide by
-    3: fabric.no_backward_sync and the optimizer step on each group's last micro-batch, as DDP's no_sync in
-    the loop by hand; stopped after an epoch and resumed with fabric.load (the sampler's epoch and the random
-    state restored too), Fabric ends bit for bit where the loop by hand ends without a stop (CPU, gloo)."""
-    args = ["--model", "cnn", "--n-train", "512", "--n-val", "128", "--batch-size", "16", "--workers", "0",
-            "--no-progress", "--grad-accum", "3"]
-    one_thread = {"OMP_NUM_THREADS": "1"}
-    by_hand = parse_result(run_script("ddp_loop.py", [*args, "--epochs", "2"], nproc=2, env=one_thread, echo=False).output)
-    ckpt = ["--ckpt-dir", str(tmp_path)]
-    run_script("train_fabric.py", [*args, "--epochs", "1", *ckpt], nproc=2, env=one_thread, echo=False)
-    resumed = parse_result(run_script("train_fabric.py", [*args, "--epochs", "2", *ckpt], nproc=2, env=one_thread,
-                                      echo=False).output)
-    assert by_hand["global_step"] == resumed["global_step"] == 2 * 6, "16 micro-batches a rank: 5 groups of 3 and 1"
-    assert resumed["train_loss"] == by_hand["train_loss"] and resumed["val_loss"] == by_hand["val_loss"]
-
 
 
 GPU_2 = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
