@@ -419,7 +419,8 @@ def test_01_script_timeout(full):
     n_train = int(full.pick("01", "args / --n-train / str()"))
     # train.py runs the ladder's best rungs: AMP, the ladder's workers, torch.compile (the slowest case)
     workers = min(full.pick("01", "settings / LadderSettings() / workers= / min()"), t.cores_per_node)
-    estimate = train_seconds(t, model, n_train, batch, 1, resolved(t, "amp"), workers, val_images=512, compile=True)
+    estimate = train_seconds(t, model, 2 * n_train, batch, 1, resolved(t, "amp"), workers, val_images=2 * 512,
+                             checkpoints=2, compile=True)  # two epochs, a checkpoint after each
     assert full.pick("01", "run / run_script(train.py) / timeout_s=") >= TIMEOUT_MARGIN * estimate
 
 
