@@ -14,11 +14,20 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
+# The practice cluster's config while it is up (make cluster): make lab hands it to
+# the notebooks, whose Slurm cells then submit to it; a Slurm of the machine's own (SLURM_CONF already set) wins
+PRACTICE_CONF := $(or $(COURSE_SLURM_DIR),/tmp/course-slurm)/slurm.conf
+ifeq ($(origin SLURM_CONF),undefined)
+ifneq ($(wildcard $(PRACTICE_CONF)),)
+lab: export SLURM_CONF := $(PRACTICE_CONF)
+endif
+endif
+
 # gpu-check needs no .venv: on a GPU machine with its own torch, the repository on PYTHONPATH is enough
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_CHECK_ARGS ?=
 
-.PHONY: setup lab test kernel lock bench gpu-check full-here clean help
+.PHONY: setup lab test kernel lock bench gpu-check full-here cluster cluster-down site clean help
 
 help:
 	@echo "make lab     set up the environment and open the course in JupyterLab"
@@ -28,6 +37,8 @@ help:
 	@echo "make gpu-check  on a GPU node: every notebook, the ladder and matmul TFLOP/s, one report (runs/gpu-check)"
 	@echo "make full-here  the notebooks whose full profile runs in minutes here (02, 10), on this CPU (runs/full-here)"
 	@echo "make lock    regenerate constraints.txt from the installed environment"
+	@echo "make cluster     a two-node Slurm on this Linux machine to practise on (root or sudo); make cluster-down ends it"
+	@echo "make site    the notebooks executed, with their outputs, and the guides as a static site (runs/site/html)"
 
 $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.json
 	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python >= 3.11 is needed (tomllib reads the config files; the pins were tested on 3.11); set PYTHON=/path/to/python3.11")'
@@ -37,8 +48,8 @@ $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.jso
 	# there only, uv fails and pip installs the same pins. On a cluster, point UV_CACHE_DIR at $$SCRATCH or
 	# $$LUSTRE: the cache holds a copy of every wheel (6 GB), more than many home quotas.
 	$(PY) -m pip install --quiet -c constraints.txt uv
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -c constraints.txt -e '.[lab,test]' \
-		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[lab,test]'
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -c constraints.txt -e '.[lab,test,site]' \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e '.[lab,test,site]'
 	rm -rf notebooks/course_utils.egg-info  # left by an install before setup.cfg moved it to the root
 	# JupyterLab's defaults for this environment: no news prompt, no update check
 	mkdir -p $(VENV)/share/jupyter/lab/settings
@@ -74,6 +85,23 @@ full-here:
 lock:
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt
 	@echo "constraints.txt regenerated from $(VENV); review the diff before committing"
+
+SITE_ARGS ?=
+
+# the site (Sphinx, MyST-NB and a theme from PyPI: it builds offline) executes what is missing or stale (a GPU
+# node: the full profile; a CPU: the CI profile), builds runs/site/html, checks every page in headless Chromium
+site: setup
+	$(PY) scripts/build_site.py $(SITE_ARGS)
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then \
+		$(PY) scripts/check_site.py runs/site/html; \
+	else echo "no Chromium here: the browser check skipped (apt-get install chromium; then python scripts/check_site.py)"; fi
+
+# a Slurm controller and two nodes in network namespaces, the test suite's cluster (slurm/practice_cluster.py)
+cluster:
+	$(PYTHON) slurm/practice_cluster.py up
+
+cluster-down:
+	$(PYTHON) slurm/practice_cluster.py down
 
 clean:
 	rm -rf $(VENV) runs notebooks/runs .pytest_cache

@@ -25,9 +25,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def _slurm_cluster_module():
-    """tests/slurm_cluster.py, imported once under the name the Slurm tests use."""
+    """slurm/practice_cluster.py, imported once under the name the Slurm tests use."""
     if "slurm_cluster" not in sys.modules:
-        path = Path(__file__).parent / "tests" / "slurm_cluster.py"
+        path = Path(__file__).parent / "slurm" / "practice_cluster.py"
         spec = importlib.util.spec_from_file_location("slurm_cluster", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules["slurm_cluster"] = module

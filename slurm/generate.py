@@ -11,6 +11,9 @@ rerun it:
 
     python slurm/generate.py           # rewrite the scripts
     python slurm/generate.py --check   # exit 1 if any is out of date
+    python slurm/generate.py --detect NAME [--partition P] [--gpu-type T]
+                                       # on a login node: write sites/NAME.toml from what the cluster
+                                       # says about itself (slurm/detect.py), then the scripts
 """
 
 from __future__ import annotations
@@ -129,7 +132,40 @@ def outputs() -> dict[Path, str]:
             for name, site in sites().items() for pattern in patterns()}
 
 
+def detect_site(argv: list[str]) -> int:
+    import argparse
+
+    sys.path.insert(0, str(HERE))
+    import detect
+
+    parser = argparse.ArgumentParser(prog="python slurm/generate.py --detect")
+    parser.add_argument("--detect", metavar="NAME", required=True, help="the site's name: sites/NAME.toml, NAME/*.sbatch")
+    parser.add_argument("--partition", help="the GPU partition (default: the default one with GPUs, else the first)")
+    parser.add_argument("--gpu-type", help="the GPU type where a node holds several")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing sites/NAME.toml")
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", args.detect):
+        parser.error(f"NAME {args.detect!r}: lower-case letters, digits, - and _ (it names a folder)")
+    target = HERE / "sites" / f"{args.detect}.toml"
+    if target.exists() and not args.force:
+        print(f"error: {target.relative_to(HERE.parent)} exists: --force overwrites it", file=sys.stderr)
+        return 2
+    try:
+        site, notes = detect.site_from(*detect.ask_cluster(), partition=args.partition, gpu_type=args.gpu_type)
+    except detect.DetectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    target.write_text(detect.toml(args.detect, site, notes))
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {target.relative_to(HERE.parent)}: {site['about']}\n"
+          f"edit its lines marked SET (modules, environment, where runs go), then rerun python slurm/generate.py")
+    return main([])
+
+
 def main(argv: list[str]) -> int:
+    if any(a == "--detect" or a.startswith("--detect=") for a in argv):
+        return detect_site(argv)
     scripts = outputs()
     stale = [path for path, text in scripts.items() if not path.exists() or path.read_text() != text]
     if "--check" in argv:

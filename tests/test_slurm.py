@@ -1,6 +1,6 @@
 """Every script in slurm/, submitted unchanged to a real two-node Slurm cluster.
 
-The cluster (tests/slurm_cluster.py) is started once for the session; the
+The cluster (slurm/practice_cluster.py) is started once for the session; the
 tests are skipped, with the reason, where it cannot run (not root, not Linux).
 Only TRAIN_SCRIPT and TRAIN_ARGS are set, through the environment, to keep the
 runs small; resources, partitions and launch lines are the scripts' own.
@@ -10,7 +10,10 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -463,3 +466,99 @@ def test_fsdp2_through_the_deepspeed_pattern_checkpoints_to_the_job_s_folder(tmp
     run_script("train_fsdp.py", argv, env={"RUN_DIR": run_dir, "SLURM_JOB_ID": "505", **ONE_THREAD}, echo=False,
                timeout_s=300)
     assert (tmp_path / "fsdp-run" / "ckpt" / "latest").is_file(), "the sharded checkpoint went to RUN_DIR/ckpt"
+
+
+# --------------------------------------------------------------------------- #
+# The practice cluster (make cluster): the suite's cluster, as a learner meets it
+# --------------------------------------------------------------------------- #
+PRACTICE = REPO_ROOT / "slurm" / "practice_cluster.py"
+
+
+@needs_cluster
+def test_a_second_make_cluster_keeps_the_running_cluster_and_its_jobs(cluster, tmp_path):
+    pid = (cluster.work / "slurmctld.pid").read_text().strip()
+    script = tmp_path / "sleep.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/%j.out\nsleep 60\n")
+    job = slurm.sbatch(script)
+    try:
+        out = subprocess.run(["make", "-s", "cluster"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "already up" in out.stdout and f"SLURM_CONF={cluster.conf}" in out.stdout, \
+            out.stdout + out.stderr
+        assert (cluster.work / "slurmctld.pid").read_text().strip() == pid and cluster.running(), "the same controller"
+        assert slurm.job_records(job)[0]["JobState"] in ("PENDING", "RUNNING"), "and the job in it goes on"
+    finally:
+        subprocess.run(["scancel", str(job)], check=False)
+
+
+@needs_cluster
+@pytest.mark.skipif(shutil.which("runuser") is None, reason="runuser (util-linux) starts a command as another user")
+def test_a_learner_s_account_submits_to_the_practice_cluster_and_the_job_runs_as_the_learner(cluster):
+    """The cluster runs as root; a learner's jobs run as the learner (auth/none trusts the uid that submits)."""
+    out_dir = Path(tempfile.mkdtemp(prefix="course-practice-"))
+    try:
+        out_dir.chmod(0o777)
+        submitted = subprocess.run(["runuser", "-u", "nobody", "--", "env", f"SLURM_CONF={cluster.conf}", "sbatch",
+                                    "--parsable", f"--output={out_dir}/%j.out", "--wrap", "id -un; hostname"],
+                                   capture_output=True, text=True, timeout=60)
+        assert submitted.returncode == 0, submitted.stderr
+        job = int(submitted.stdout.strip().split(";")[0])
+        record = slurm.wait([job], timeout_s=120)[job][0]
+        assert record["JobState"] == "COMPLETED", cluster.job_report(job, [record])
+        who, host = (out_dir / f"{job}.out").read_text().split()[:2]
+        assert who == "nobody" and host in ("cnode1", "cnode2"), (who, host)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")  # another user may not reach the project's .venv
+
+
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("runuser") is None or os.geteuid() != 0
+                    or SYSTEM_PYTHON is None, reason="runs the command as another user (runuser, as root, on Linux)")
+def test_without_root_or_sudo_make_cluster_says_in_one_line_what_it_needs():
+    out = subprocess.run(["runuser", "-u", "nobody", "--", "env", "PATH=/nonexistent", "PYTHONDONTWRITEBYTECODE=1",
+                          SYSTEM_PYTHON, str(PRACTICE), "up"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert "needs root" in line and "sudo" in line and "print the sbatch lines" in line, line
+
+
+def test_the_practice_cluster_is_the_one_the_notebooks_know_by_name():
+    assert slurm_cluster_module.CLUSTER_NAME == slurm.TEST_CLUSTER
+
+
+def test_a_port_in_use_gives_the_controller_another():
+    """A machine with a Slurm of its own holds slurmctld's port 6817: the practice cluster takes another."""
+    assert slurm_cluster_module.free_port(6817, free=lambda port: True) == 6817
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        other = slurm_cluster_module.free_port(taken)
+    assert other != taken and 1024 <= other < 65536
+
+
+
+@needs_cluster
+def test_a_site_file_detected_on_the_cluster_asks_for_what_it_has_and_its_scripts_run(cluster, tmp_path):
+    """python slurm/generate.py --detect NAME on a login node: the site file from the cluster's own answers,
+    then its scripts, each accepted by the cluster (--test-only) and one run unchanged. (Other layouts:
+    tests/test_detect_site.py.)"""
+    copy = tmp_path / "slurm"
+    shutil.copytree(REPO_ROOT / "slurm", copy, ignore=shutil.ignore_patterns("ft3", "frontera", "generic"))
+    out = subprocess.run([sys.executable, str(copy / "generate.py"), "--detect", "practice"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **cluster.env})
+    assert out.returncode == 0, out.stdout + out.stderr
+    site = (copy / "sites" / "practice.toml").read_text()
+    assert "--partition=debug" in site and 'gres = "gpu:a100"' in site and "cores_per_node = 64" in site, site
+    scripts = sorted((copy / "practice").glob("*.sbatch"))
+    assert [s.stem for s in scripts] == generate.patterns()
+    for script in scripts:
+        test_only = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
+                                   cwd=REPO_ROOT, env={**os.environ, "TRAIN_ARGS": TINY})
+        assert test_only.returncode == 0 and "to start at" in test_only.stderr, (script.name, test_only.stderr)
+    job = slurm.sbatch(copy / "practice" / "multi_node_srun.sbatch", env={**PLAIN, **ONE_THREAD})
+    record = slurm.wait([job], timeout_s=300)[job][0]
+    assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), cluster.job_report(job, [record])
+    (result,) = plain_results(Path(record["StdOut"]))
+    assert result["world_size"] == 4 and result["local_world_size"] == 2 and result["ranks_agree"], result

@@ -42,7 +42,7 @@ def available() -> str | None:
     return None
 
 
-TEST_CLUSTER = "coursetest"  # the ClusterName of tests/slurm_cluster.py's cluster
+TEST_CLUSTER = "coursetest"  # the ClusterName of slurm/practice_cluster.py (CLUSTER_NAME): the suite's and make cluster's
 
 
 def cluster_name() -> str:

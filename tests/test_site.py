@@ -1,0 +1,55 @@
+"""make site's builder (scripts/build_site.py): links as they work in the site, and Sphinx with MyST-NB rendering
+an executed notebook's outputs without executing anything. The whole site is built and checked in a browser by
+make site itself (scripts/check_site.py), not here: it executes every notebook."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+from course_utils.paths import REPO_ROOT
+
+_spec = importlib.util.spec_from_file_location("build_site", REPO_ROOT / "scripts" / "build_site.py")
+build_site = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_site)
+
+PAGES = {"notebooks/03_ddp_one_node.ipynb": "notebooks/03_ddp_one_node.ipynb", "README.md": "readme.md",
+         "slurm/README.md": "slurm.md"}
+
+
+def test_links_lead_to_pages_of_the_site_or_name_the_file_in_a_clone():
+    text = ("see [notebook 03](03_ddp_one_node.ipynb#4-scaling), [the patterns](../slurm/README.md), "
+            "[train.py](../scripts/train.py), [`scripts/train.py`](../scripts/train.py), [here](#top) and "
+            "[PyTorch](https://pytorch.org)")
+    out = build_site.site_links(text, REPO_ROOT / "notebooks", "notebooks", PAGES)
+    assert "[notebook 03](03_ddp_one_node.ipynb#4-scaling)" in out and "[the patterns](../slurm.md)" in out
+    assert "train.py (`scripts/train.py`)" in out and "[`scripts/train.py`]" not in out and "`scripts/train.py`" in out
+    assert "[here](#top)" in out and "[PyTorch](https://pytorch.org)" in out
+    readme = build_site.site_links("[03](notebooks/03_ddp_one_node.ipynb) [guide](slurm/README.md)", REPO_ROOT, "",
+                                   PAGES)
+    assert readme == "[03](notebooks/03_ddp_one_node.ipynb) [guide](slurm.md)"
+
+
+def test_an_executed_notebook_is_rendered_with_its_outputs_and_its_label_nothing_executed(tmp_path):
+    executed = tmp_path / "executed"
+    executed.mkdir()
+    nb = {"cells": [{"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 03 · A title\n"]},
+                    {"cell_type": "code", "id": "c", "metadata": {}, "execution_count": 1,
+                     "source": ["raise SystemExit('executed at build time')"],
+                     "outputs": [{"output_type": "stream", "name": "stdout", "text": ["4 ranks: 812 images/s\n"]}]}],
+          "metadata": {"course_run": {"label": "Executed 2026-11-25 on CPU X (2 cores), profile ci"},
+                       "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    (executed / "03_ddp_one_node.ipynb").write_text(json.dumps(nb))
+    index = build_site.build(executed, tmp_path / "site")
+    page = (index.parent / "notebooks" / "03_ddp_one_node.html").read_text()
+    assert "4 ranks: 812 images/s" in page, "the stored output is on the page"
+    assert "Executed 2026-11-25 on CPU X (2 cores), profile ci" in page
+    assert "executed at build time" in page and "SystemExit" not in page.split("executed at build time")[1][:200]
+    assert "03_ddp_one_node.html" in index.read_text(), "the index lists the notebook"
+
+
+def test_without_a_built_site_the_browser_check_says_what_to_do(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "check_site.py"), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "build the site first (make site)" in out.stderr
