@@ -539,26 +539,57 @@ def test_a_port_in_use_gives_the_controller_another():
 
 
 
-@needs_cluster
-def test_a_site_file_detected_on_the_cluster_asks_for_what_it_has_and_its_scripts_run(cluster, tmp_path):
-    """python slurm/generate.py --detect NAME on a login node: the site file from the cluster's own answers,
-    then its scripts, each accepted by the cluster (--test-only) and one run unchanged. (Other layouts:
-    tests/test_detect_site.py.)"""
+def _detected(cluster, tmp_path: Path, name: str) -> tuple[str, Path]:
+    """python slurm/generate.py --detect NAME against ``cluster`` (in a copy of slurm/): the site file's text
+    and the folder of its scripts, each of them accepted by the cluster (sbatch --test-only)."""
     copy = tmp_path / "slurm"
     shutil.copytree(REPO_ROOT / "slurm", copy, ignore=shutil.ignore_patterns("ft3", "frontera", "generic"))
-    out = subprocess.run([sys.executable, str(copy / "generate.py"), "--detect", "practice"], capture_output=True,
+    out = subprocess.run([sys.executable, str(copy / "generate.py"), "--detect", name], capture_output=True,
                          text=True, timeout=120, env={**os.environ, **cluster.env})
     assert out.returncode == 0, out.stdout + out.stderr
-    site = (copy / "sites" / "practice.toml").read_text()
-    assert "--partition=debug" in site and 'gres = "gpu:a100"' in site and "cores_per_node = 64" in site, site
-    scripts = sorted((copy / "practice").glob("*.sbatch"))
+    scripts = sorted((copy / name).glob("*.sbatch"))
     assert [s.stem for s in scripts] == generate.patterns()
     for script in scripts:
         test_only = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
                                    cwd=REPO_ROOT, env={**os.environ, "TRAIN_ARGS": TINY})
         assert test_only.returncode == 0 and "to start at" in test_only.stderr, (script.name, test_only.stderr)
-    job = slurm.sbatch(copy / "practice" / "multi_node_srun.sbatch", env={**PLAIN, **ONE_THREAD})
+    return (copy / "sites" / f"{name}.toml").read_text(), copy / name
+
+
+def _plain_run(cluster, script: Path) -> dict:
+    job = slurm.sbatch(script, env={**PLAIN, **ONE_THREAD})
     record = slurm.wait([job], timeout_s=300)[job][0]
     assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), cluster.job_report(job, [record])
     (result,) = plain_results(Path(record["StdOut"]))
+    return result
+
+
+@needs_cluster
+def test_a_site_file_detected_on_the_cluster_asks_for_what_it_has_and_its_scripts_run(cluster, tmp_path):
+    """python slurm/generate.py --detect NAME on a login node: the site file from the cluster's own answers,
+    then its scripts, each accepted by the cluster and one run unchanged. (Other layouts, from scontrol's
+    lines: tests/test_detect_site.py; another centre's layout live: the last test here.)"""
+    site, scripts = _detected(cluster, tmp_path, "practice")
+    assert "--partition=debug" in site and 'gres = "gpu:a100"' in site and "cores_per_node = 64" in site, site
+    result = _plain_run(cluster, scripts / "multi_node_srun.sbatch")
     assert result["world_size"] == 4 and result["local_world_size"] == 2 and result["ranks_agree"], result
+
+
+@needs_cluster
+def test_a_site_file_detected_on_another_centre_s_layout_runs_its_patterns_unchanged(cluster, tmp_path):
+    """The same two nodes started as another centre's cluster (queues standard and gpu-long, four v100s and
+    32 CPUs a node): --detect writes that centre's site file, the cluster accepts every script generated from
+    it, and the plain script runs through its multi-node pattern, a rank per GPU. The course's cluster is
+    started again after (the notebooks submit to it)."""
+    cluster.down()
+    other = slurm_cluster_module.SlurmTestCluster()
+    try:
+        other.up(layout=slurm_cluster_module.OTHER)
+        site, scripts = _detected(other, tmp_path, "othercentre")
+        assert "--partition=standard" in site and 'gres = "gpu:v100"' in site, site
+        assert "gpus_per_node = 4" in site and "cores_per_node = 32" in site and "whole_nodes = false" in site, site
+        result = _plain_run(other, scripts / "multi_node_srun.sbatch")
+        assert result["world_size"] == 8 and result["local_world_size"] == 4 and result["ranks_agree"], result
+    finally:
+        other.down()
+        cluster.up()
