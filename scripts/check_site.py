@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Open every page of the built site (scripts/build_site.py) in a real browser, headless Chromium, and
 check what a reader would see: each page loads with its title, every image on it is drawn (a figure
-that failed to load has no width), and every link from one page of the site to another leads to a page
+that failed to load has no width), a notebook's page shows every figure its executed notebook holds, and every link from one page of the site to another leads to a page
 that exists, anchors included. Prints a table; exits 1 when a page fails.
 
     python scripts/check_site.py runs/site/html
@@ -100,6 +100,13 @@ class Browser:
             shutil.rmtree(self.profile, ignore_errors=True)
 
 
+def figures_in(notebook: Path) -> int:
+    """The image outputs (a plot each) of an executed notebook."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return sum(any(k.startswith("image/") for k in out.get("data", {}))
+               for cell in cells if cell["cell_type"] == "code" for out in cell.get("outputs", []))
+
+
 def check(html: Path, shots: Path | None = None) -> list[dict]:
     pages = sorted(p for p in html.rglob("*.html") if not p.name.startswith(("genindex", "search"))
                    and "_static" not in p.parts)
@@ -115,6 +122,9 @@ def check(html: Path, shots: Path | None = None) -> list[dict]:
                 browser.screenshot(shots / (page.relative_to(html).as_posix().replace("/", "_") + ".png"))
     finally:
         browser.close()
+    for row in rows:  # a notebook's page draws at least as many figures as its executed notebook holds
+        source = html / "_sources" / (row["page"].removesuffix(".html") + ".ipynb.txt")
+        row["figures"] = figures_in(source) if source.exists() else 0
     for row in rows:  # links inside the site: the page exists, and so does the anchor
         bad = []
         for link in row.pop("links"):
@@ -141,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = check(args.html, args.screenshots)
     failed = 0
-    print(f"{'page':55s} {'loads':>5s} {'images drawn':>13s} {'bad links':>9s}")
+    print(f"{'page':55s} {'loads':>5s} {'images drawn':>13s} {'figures':>7s} {'bad links':>9s}")
     for r in rows:
-        ok = r.get("ready") == "complete" and bool(r.get("title")) and r["drawn"] == r["images"] and not r["bad_links"]
+        ok = (r.get("ready") == "complete" and bool(r.get("title")) and r["drawn"] == r["images"]
+              and r["drawn"] >= r["figures"] and not r["bad_links"])
         failed += not ok
         print(f"{r['page']:55s} {'yes' if r.get('ready') == 'complete' else 'NO':>5s} "
-              f"{r['drawn']:>6d} of {r['images']:<4d} {len(r['bad_links']):>9d}" + ("" if ok else "  FAIL"))
+              f"{r['drawn']:>6d} of {r['images']:<4d} {r['figures']:>7d} {len(r['bad_links']):>9d}" + ("" if ok else "  FAIL"))
         for src in r.get("broken", []):
             print(f"    image not drawn: {src}")
         for link in r["bad_links"][:5]:
