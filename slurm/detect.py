@@ -66,7 +66,8 @@ def site_from(cluster: str, nodes: list[dict[str, str]], partitions: list[dict[s
     types = [t for t, _ in entries]
     if gpu_type is not None:
         if gpu_type not in types:
-            raise DetectError(f"the nodes of {partition} have no GPU of type {gpu_type}: {gres}")
+            raise DetectError(f"the nodes of {partition} have no GPU of type {gpu_type} ({gres}): choose "
+                              f"--gpu-type {' or '.join(t for t in types if t) or 'nothing (untyped GPUs)'}")
         chosen = next(e for e in entries if e[0] == gpu_type)
     else:
         chosen = entries[0]

@@ -315,6 +315,12 @@ class SlurmTestCluster:
                         w / f"slurmd-{name}.out")
         self._wait_idle(timeout)
 
+    def _node_states(self) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+        """sinfo's answer and each node's state in it."""
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
+                             env={**os.environ, "SLURM_CONF": str(self.conf)})
+        return out, dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+
     def running(self) -> bool:
         """Whether a cluster from this folder answers now: its slurmctld alive, both nodes up."""
         pid_file = self.work / "slurmctld.pid"
@@ -324,9 +330,7 @@ class SlurmTestCluster:
             os.kill(int(pid_file.read_text().strip()), 0)
         except (OSError, ValueError):
             return False
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True,
-                             env={**os.environ, "SLURM_CONF": str(self.conf)})
-        states = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+        out, states = self._node_states()
         return out.returncode == 0 and len(states) >= len(NODES) and not any(
             s.startswith(("down", "drain", "fail")) for s in states.values())
 
@@ -361,9 +365,8 @@ class SlurmTestCluster:
             for p in self.procs:
                 if p.poll() is not None:
                     raise ClusterError(f"a Slurm daemon exited ({p.args}); see {self.work}/*.log\n{self.logs()}")
-            out = _run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
+            out, states = self._node_states()
             last = out.stdout + out.stderr
-            states = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
             return len(states) >= len(NODES) and all(s.startswith("idle") for s in states.values())
 
         deadline = time.monotonic() + timeout_s

@@ -49,11 +49,11 @@ def cluster():
     return c
 
 
-def expected(script: Path) -> tuple[int, int, int]:
-    """(world size, nodes, result lines per log) that ``script`` must produce (a sweep's: notebook 04)."""
+def expected(script: Path) -> tuple[int, int]:
+    """(world size, nodes) that ``script`` must produce (a sweep's trials: notebook 04)."""
     site, pattern = SITES[script.parent.name], script.stem
     nodes = 2 if pattern.startswith("multi_node") else 1
-    return nodes * site["gpus_per_node"], nodes, 1
+    return nodes * site["gpus_per_node"], nodes
 
 
 def plain_results(log: Path) -> list[dict]:
@@ -128,7 +128,7 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
         recs = records[job_id]
         report = cluster.job_report(job_id, recs)
         assert {(r["JobState"], r["ExitCode"]) for r in recs} == {("COMPLETED", "0:0")}, report
-        world, nodes, per_log = expected(script)
+        world, nodes = expected(script)
         for log in (Path(r["StdOut"]) for r in recs):
             if kind == "2d":  # train_tp.py, --tp-size from the node's GPUs: one tensor-parallel group per node
                 (r,) = results_in_log(log)
@@ -138,13 +138,13 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
                 assert one["backward_bytes"]["all_reduce"] == r["theory"]["backward_bytes"], r
             elif kind == "course":
                 results = results_in_log(log)
-                assert len(results) == per_log, f"{script}: a RESULT line per trial, from rank 0 only\n{report}"
+                assert len(results) == 1, f"{script}: one RESULT line, from rank 0 only\n{report}"
                 for r in results:
                     assert r["world_size"] == world and len(r["hosts"]) == nodes, (script, r)
                     assert r["train_loss"][-1] < r["train_loss"][0] and r["ranks_agree"], (script, r)
             else:
                 results = plain_results(log)
-                assert len(results) == per_log, f"{script}: the plain script ran\n{report}"
+                assert len(results) == 1, f"{script}: the plain script ran once\n{report}"
                 for r in results:
                     assert (r["world_size"], r["local_world_size"]) == (world, world // nodes), (script, r)
                     assert r["last_loss"] < r["first_loss"] and r["ranks_agree"], (script, r)
