@@ -57,6 +57,37 @@ def test_deepspeed_collectives_against_the_paper():
         deepspeed_comm(psi, ranks, 4)
 
 
+def test_fsdp_parameter_groups_in_either_torch():
+    """FSDP2 keeps its parameter groups as a list (torch 2.14, here) or as one group per module (torch 2.11, the GPU
+    machines': read there, where the list was missing and accumulation's unsharded gradients went uncounted).
+    Notebook 07 checks the count on real FSDP2; this gives the older layout as input. A model with no group
+    at all is refused, not counted as holding no whole gradients."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from course_utils.sharding import _fsdp_param_groups, fsdp_gradient_bytes
+
+    class Sharded(torch.nn.Linear):
+        def __init__(self, state):
+            super().__init__(2, 2)
+            self.state = state
+
+        def _get_fsdp_state(self):
+            return self.state
+
+    group = SimpleNamespace(fsdp_params=[])
+    assert _fsdp_param_groups(Sharded(SimpleNamespace(_fsdp_param_groups=[group, group]))) == [group, group]
+    assert _fsdp_param_groups(Sharded(SimpleNamespace(_fsdp_param_group=group))) == [group]  # torch 2.11
+    assert _fsdp_param_groups(Sharded(SimpleNamespace(_fsdp_param_group=None))) == []  # a module with no parameters
+    whole = torch.zeros(10)  # a unit's whole gradients, accumulated while sync is off
+    unit = Sharded(SimpleNamespace(_fsdp_param_group=SimpleNamespace(
+        fsdp_params=[SimpleNamespace(unsharded_accumulated_grad=whole, _unsharded_param=None)])))
+    assert fsdp_gradient_bytes(unit) == whole.nbytes
+    with pytest.raises(RuntimeError, match="no FSDP2 parameter group"):
+        fsdp_gradient_bytes(torch.nn.Linear(2, 2))
+
+
 def test_one_process_without_a_launcher_and_one_line_errors(tmp_path):
     """`python scripts/train_deepspeed.py` is a group of one (DeepSpeed alone would look for MPI); its
     checkpoint refuses a resume with another per-rank batch; a flag a script cannot honour stops it

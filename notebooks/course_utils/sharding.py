@@ -400,19 +400,33 @@ def _local(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _fsdp_param_groups(module: torch.nn.Module) -> list[Any]:
+    """The FSDP2 parameter groups ``fully_shard`` gave this module: a list in torch 2.14, one group
+    (``_fsdp_param_group``, or None) in torch 2.11, the GPU machines' (read there on an H200)."""
+    state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
+    if state is None:
+        return []
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
+
+
 def fsdp_gradient_bytes(model: torch.nn.Module) -> int:
     """Bytes of gradients this rank holds after a backward pass: its sharded ``.grad``, and, while
     gradient sync is off (``set_requires_gradient_sync(False)`` between micro-batches), the whole
     unsharded gradients FSDP2 accumulates instead (upcast to the reduce dtype), which ``.grad`` does not
     show. (Read from FSDP2's parameter groups: the allocator sees them only on a GPU.)"""
     held = [_local(p.grad) for p in model.parameters()]
-    for module in model.modules():
-        state = module._get_fsdp_state() if hasattr(module, "_get_fsdp_state") else None
-        for group in getattr(state, "_fsdp_param_groups", []) if state is not None else []:
-            for fsdp_param in group.fsdp_params:
-                unsharded = getattr(fsdp_param, "_unsharded_param", None)
-                held += [getattr(fsdp_param, "unsharded_accumulated_grad", None),
-                         unsharded.grad if isinstance(unsharded, torch.Tensor) else None]
+    groups = [group for module in model.modules() for group in _fsdp_param_groups(module)]
+    if not groups:
+        raise RuntimeError(f"torch {torch.__version__}: no FSDP2 parameter group found on the model (is it under "
+                           "fully_shard?); the unsharded gradients it accumulates would go uncounted")
+    for group in groups:
+        for fsdp_param in group.fsdp_params:
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            held += [getattr(fsdp_param, "unsharded_accumulated_grad", None),
+                     unsharded.grad if isinstance(unsharded, torch.Tensor) else None]
     return _nbytes(t for t in held if t is not None)
 
 
