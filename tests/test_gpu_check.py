@@ -135,6 +135,7 @@ def test_the_wheels_cover_what_the_lent_machine_lacks_and_carry_what_is_named(tm
     where = {norm: w for _, w, norm in (line.split() for line in listed.splitlines())}
     assert where["python-hostlist"] == where["nbval"] == where["deepspeed"] == "carried"
     assert where["tensorboardx"] == "carried", "the lent image has tensorboard, not tensorboardX (ray[tune] needs it)"
+    assert where["pexpect"] == where["ptyprocess"] == "carried", "IPython needs them on Linux (the H200 run stopped there)"
     assert where["matplotlib"] == where["nvidia-ml-py"] == "there"
     assert not {"torch", "torchvision", "triton", "nvidia-cublas", "jupyterlab"} & set(where), "torch's own, the lab's"
     # download NAME: carried besides the default set (a stand-in for pip records what is asked for)

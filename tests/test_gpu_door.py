@@ -294,9 +294,11 @@ def test_the_profile_is_chosen_without_starting_cuda():
 
 def test_the_environment_report_leaves_cuda_to_a_subprocess(monkeypatch):
     """On a GPU node (here: NVML's count said 1) the report's GPU facts come from a child Python,
-    so the kernel can still fork; this machine's child then finds no usable GPU, and says so."""
+    so the kernel can still fork; the child, shown no GPU, finds none, and says so (on any machine: on the
+    H200 a child that was not told found its GPU)."""
     from course_utils.hardware import environment_report
 
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the child's view; the kernel's NVML count is faked below
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_available", _forbidden("torch.cuda.is_available in the kernel"))
     monkeypatch.setattr(torch.cuda, "get_device_properties", _forbidden("get_device_properties in the kernel"))
