@@ -182,3 +182,44 @@ def test_evaluating_after_fsdp_meets_batch_norm_in_one_dtype(one_rank_group, our
             assert statistics == {torch.float16}
             with pytest.raises(RuntimeError, match="dtype|scalar type"):
                 evaluate(model, loader, cpu, "fp16")
+
+
+
+def test_a_rank_forked_from_a_kernel_that_computed_needs_one_thread():
+    """GNU OpenMP after fork: a child that computes with the threads its parent used never finishes (on the
+    H200's 16 cores Lightning gave each forked rank 8 threads and one died of SIGSEGV); after the callback
+    notebook 06 gives its forked ranks, it does. Both forked from this process, with two threads each."""
+    import os
+    import time
+
+    from course_utils.lit import OneThreadPerForkedRank
+
+    threads = torch.get_num_threads()
+    conv, x = torch.nn.Conv2d(3, 32, 3), torch.randn(64, 3, 64, 64)
+    children, seen = {}, {}
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            conv(x)  # the kernel computed with two threads before it forked
+        for how in ("callback", "inherited"):
+            pid = os.fork()
+            if pid == 0:
+                if how == "callback":
+                    OneThreadPerForkedRank().setup(None, None, "fit")  # what each forked rank runs first
+                conv(x).sum().backward()
+                os._exit(0)
+            children[pid] = how
+        deadline = time.monotonic() + 60
+        while len(seen) < 2 and time.monotonic() < deadline:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+            if pid in children:
+                seen[children[pid]] = "finished"
+                deadline = min(deadline, time.monotonic() + 3)  # the other gets 3 s more
+            time.sleep(0.05)
+    finally:
+        torch.set_num_threads(threads)
+        for pid, how in children.items():
+            if how not in seen:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+    assert seen == {"callback": "finished"}, seen

@@ -143,6 +143,20 @@ class ThroughputCallback(L.Callback):
         self.meter.stop()
 
 
+class OneThreadPerForkedRank(L.Callback):
+    """Ranks forked from a notebook kernel (``strategy="ddp_notebook"``) compute with one CPU thread.
+
+    GNU OpenMP, torch's CPU thread pool on Linux, does not survive ``fork``: once the kernel has computed
+    with several threads, a forked rank's first multi-threaded operation waits for threads it does not
+    have. It hangs here; on a 16-core H200 node a rank died of SIGSEGV. Lightning gives each forked rank
+    ``cores // ranks`` threads, one on a 2-core laptop, where this never shows, and 8 on that node. One
+    thread is the safe count; ``setup`` runs in each rank before it computes anything.
+    """
+
+    def setup(self, trainer: L.Trainer, module: L.LightningModule, stage: str) -> None:
+        torch.set_num_threads(1)
+
+
 class StopTraining(Exception):
     """Raised out of ``Trainer.fit`` on every rank at the same step when a stop was asked for."""
 
