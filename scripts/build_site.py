@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """The course as a static site, with every notebook's outputs and figures (``make site``).
 
-Notebooks stay in git without outputs. This executes each one (or takes the executed copy already in
-``--executed``, e.g. from an earlier run on a GPU node), puts a line on top saying what ran it (hardware,
-profile, date), and renders them with Sphinx and MyST-NB with execution off, beside the README, the
+Notebooks stay in git without outputs. This executes each one (or takes the copy ``make gpu-check``
+executed on a GPU node, in runs/gpu-check/executed, or the executed copy already in ``--executed``), puts a
+line on top saying what ran it (hardware, profile, date), and renders them with Sphinx and MyST-NB with execution off, beside the README, the
 instructor's guide and the Slurm and data guides. Everything it needs installs from PyPI (``.[site]``):
 it builds offline.
 
@@ -122,6 +122,21 @@ def page_of(executed: Path, out: Path, pages: dict[str, str]) -> None:
     out.write_text(json.dumps(nb))
 
 
+def take_gpu_runs(sources: list[Path], gpu_runs: Path, executed_dir: Path) -> list[str]:
+    """Copy into ``executed_dir`` each notebook ``make gpu-check`` executed (``gpu_runs``, labelled with its hardware
+    and date) that is newer than its source and than the copy there: the site shows the GPU run where there is
+    one, a CPU run otherwise. The names copied."""
+    taken = []
+    for source in sources:
+        run, kept = gpu_runs / source.name, executed_dir / source.name
+        if run.exists() and run.stat().st_mtime >= source.stat().st_mtime and (
+                not kept.exists() or run.stat().st_mtime > kept.stat().st_mtime):
+            executed_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(run, kept)
+            taken.append(source.name)
+    return taken
+
+
 def build(executed_dir: Path, out: Path) -> Path:
     src = out / "src"
     shutil.rmtree(src, ignore_errors=True)
@@ -162,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executed", type=Path, help="executed notebooks to use (default: OUT/executed)")
     parser.add_argument("--notebooks", nargs="*", help="two-digit numbers to execute (default: missing or stale)")
     parser.add_argument("--no-execute", action="store_true", help="build from the executed copies there are")
+    parser.add_argument("--gpu-check", type=Path, default=REPO / "runs" / "gpu-check" / "executed",
+                        help="notebooks make gpu-check executed, taken in place of a CPU run (default: %(default)s)")
     parser.add_argument("--cell-timeout", type=int, default=1800)
     args = parser.parse_args(argv)
     import importlib.util
@@ -172,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     executed_dir = args.executed or args.out / "executed"
     sources = sorted(NOTEBOOKS.glob("[01][0-9]_*.ipynb"))
+    taken = take_gpu_runs(sources, args.gpu_check, executed_dir)
+    if taken:
+        print(f"from make gpu-check ({args.gpu_check}): {', '.join(taken)}")
     if not args.no_execute:
         todo = [s for s in sources if (args.notebooks and s.name[:2] in args.notebooks) or (
             not args.notebooks and (not (executed_dir / s.name).exists()

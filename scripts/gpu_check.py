@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -281,17 +282,35 @@ def cuda_uuids() -> list[str]:
     return out.stdout.split() if out.returncode == 0 else []
 
 
+# An IPython startup file of the notebooks' kernels under gpu-check: their file descriptor 2, and so that of every
+# process they fork, is a log file, and a crash prints its Python traceback there (faulthandler)
+KERNEL_STDERR = """import faulthandler, os
+_course_stderr = open(os.environ["COURSE_KERNEL_STDERR"], "a", buffering=1)
+os.dup2(_course_stderr.fileno(), 2)
+faulthandler.enable(_course_stderr)
+"""
+
+
 def run_notebook(path: Path, profile: str, timeout_s: float, cell_timeout_s: float, logs: Path,
-                 gpu_uuids: Sequence[str] = ()) -> dict[str, Any]:
-    """One notebook under nbval in its own pytest process: passed/failed, cells, wall time, peak GPU memory."""
+                 gpu_uuids: Sequence[str] = (), executed: Path | None = None, label: str = "") -> dict[str, Any]:
+    """One notebook under nbval in its own pytest process: passed/failed, cells, wall time, peak GPU memory.
+    With ``executed``, the notebook with its outputs is written there (labelled ``label``) as it runs."""
     from course_utils.paths import child_env
 
     cmd = [sys.executable, "-m", "pytest", str(path), "--nbval-lax", f"--nbval-cell-timeout={int(cell_timeout_s)}",
-           "-p", "no:cacheprovider", "-q", "-o", "addopts="]
+           "-p", "no:cacheprovider", "-q", "-o", "addopts=", *(["-p", "record_executed"] if executed else [])]
     # COURSE_NO_APT: the suite's conftest installs nothing here (a GPU node without a network, as root, would
-    # otherwise wait on apt-get before every notebook); it says so in the notebook's log instead
-    env = child_env({"COURSE_PROFILE": profile, "COURSE_NO_APT": "1"})
+    # otherwise wait on apt-get before every notebook); it says so in the notebook's log instead.
+    env = child_env({"COURSE_PROFILE": profile, "COURSE_NO_APT": "1",
+                     **({"COURSE_EXECUTED_DIR": str(executed), "COURSE_EXECUTED_LABEL": label} if executed else {})})
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), env["PYTHONPATH"]])  # the record_executed plugin
     log = logs / f"{path.stem}.log"
+    # nbval sends the kernel's stderr to /dev/null: what the kernel's C++ and the processes it forks (Lightning's
+    # ddp_notebook ranks) write there, a crash's traceback included, goes to this file instead
+    env["IPYTHONDIR"], env["COURSE_KERNEL_STDERR"] = str(logs / "ipython"), str(logs / f"{path.stem}.stderr.log")
+    startup = logs / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)
+    (startup / "00-kernel-stderr.py").write_text(KERNEL_STDERR)
     start = time.perf_counter()
     with GpuMemorySampler(gpu_uuids) as memory, open(log, "w") as out:
         try:
@@ -542,7 +561,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:38s} left for the next run: {left_s():.0f} s of the budget left, {why}", flush=True)
             continue
         limit = min(args.notebook_timeout, left_s())
-        r = {**run_notebook(notebooks[name], profile, limit, limit, logs, machine["gpu_uuids"]), **stamp}
+        label = f"Executed {time.strftime('%Y-%m-%d')} on {hardware}, profile {profile}, by make gpu-check"
+        r = {**run_notebook(notebooks[name], profile, limit, limit, logs, machine["gpu_uuids"],
+                            executed=args.out / "executed", label=label), **stamp}
         ran.append(name)
         if r["timed_out"] and limit < args.notebook_timeout:  # the budget stopped it, not its own limit
             r["stopped_by_budget"] = True

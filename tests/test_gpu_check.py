@@ -49,18 +49,32 @@ def test_the_cpu_mode_writes_the_whole_report(tmp_path):
 
 def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
     # the first cell also checks that the suite's conftest is told to install nothing (no apt-get on a GPU node)
+    # the second forks a process that crashes, as a rank forked by Lightning's ddp_notebook did on the H200
+    crash = ("import ctypes, os, time\nprint('computed', flush=True)\nif os.fork() == 0:\n    ctypes.string_at(0)\n"
+             "os.wait(); time.sleep(1)")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os; assert os.environ['COURSE_NO_APT']"),
+                                         nbformat.v4.new_code_cell(crash),
                                          nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'the lesson is wrong'")])
     path = tmp_path / "99_broken.ipynb"
     nbformat.write(nb, path)
-    result = gpu_check.run_notebook(path, "ci", 300, 60, tmp_path)
-    assert not result["passed"] and result["cells_passed"] == 1 and result["cells_failed"] == 1
+    result = gpu_check.run_notebook(path, "ci", 300, 60, tmp_path, executed=tmp_path / "executed", label="Executed here")
+    assert not result["passed"] and result["cells_passed"] == 2 and result["cells_failed"] == 1
     assert "the lesson is wrong" in (tmp_path / "99_broken.log").read_text()
+    # the notebook with what each cell showed, for make site and for whoever reads why it failed
+    executed = nbformat.read(tmp_path / "executed" / "99_broken.ipynb", as_version=4)
+    nbformat.validate(executed)
+    shown = ["".join(o.get("text", "") for o in c.outputs) for c in executed.cells]
+    assert "computed" in shown[1]
+    crashed = (tmp_path / "99_broken.stderr.log").read_text()
+    assert "Segmentation fault" in crashed and "line 4" in crashed, "the forked child's crash says where (nbval " \
+        "sends a kernel's stderr to /dev/null)"
+    assert [o.output_type for o in executed.cells[2].outputs] == ["error"]
+    assert executed.metadata["course_run"]["label"] == "Executed here; 1 cell(s) raised"
     skipped = {**result, "notebook": "98_late.ipynb", "not_run": True, "cells_passed": 0, "cells_failed": 0}
     text = gpu_check.markdown({
         "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0, "notebooks": [result, skipped],
         "ladder_model": "cnn", "ladder": {"error": "not run"}, "matmul": [], "training_share": {}})
-    assert "| 99_broken.ipynb | FAIL | 1 | 1 |" in text and "| 98_late.ipynb | not run (budget) |" in text
+    assert "| 99_broken.ipynb | FAIL | 2 | 1 |" in text and "| 98_late.ipynb | not run (budget) |" in text
 
 
 # ---- a bare GPU machine: only torch (and numpy) installed ------------------------------------------
@@ -212,7 +226,7 @@ def _fake_machine(monkeypatch, tmp_path, hardware, minutes, fails=(), stop_at=No
         (tmp_path / "nb" / name).touch()
     clock, ran = [0.0], []
 
-    def run_notebook(path, profile, timeout_s, cell_timeout_s, logs, gpu_uuids=()):
+    def run_notebook(path, profile, timeout_s, cell_timeout_s, logs, gpu_uuids=(), executed=None, label=""):
         if path.name[:2] == stop_at:
             raise KeyboardInterrupt  # ^C, or the GPU's lease ending
         took = 60 * minutes.get(path.name[:2], 4)

@@ -53,3 +53,20 @@ def test_without_a_built_site_the_browser_check_says_what_to_do(tmp_path):
     out = subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "check_site.py"), str(tmp_path)],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "build the site first (make site)" in out.stderr
+
+
+def test_the_gpu_run_of_a_notebook_is_taken_in_place_of_a_cpu_run(tmp_path):
+    """make site shows what make gpu-check executed (labelled with its hardware) where that is newer than the
+    notebook; a copy older than the notebook is stale and a CPU run replaces it."""
+    import os
+
+    gpu, executed = tmp_path / "gpu", tmp_path / "executed"
+    gpu.mkdir()
+    sources = [REPO_ROOT / "notebooks" / name for name in ("00_environment.ipynb", "03_ddp_one_node.ipynb")]
+    for source, age in zip(sources, (+60, -60)):  # a minute after the source was written; a minute before
+        run = gpu / source.name
+        run.write_text('{"metadata": {"course_run": {"label": "Executed on NVIDIA H200"}}}')
+        os.utime(run, (source.stat().st_mtime + age,) * 2)
+    assert build_site.take_gpu_runs(sources, gpu, executed) == ["00_environment.ipynb"]
+    assert "H200" in (executed / "00_environment.ipynb").read_text() and not (executed / "03_ddp_one_node.ipynb").exists()
+    assert build_site.take_gpu_runs(sources, gpu, executed) == [], "already taken"
