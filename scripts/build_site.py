@@ -3,8 +3,8 @@
 
 Notebooks stay in git without outputs. This executes each one (or takes the copy ``make gpu-check``
 executed on a GPU node, in runs/gpu-check/executed, or the executed copy already in ``--executed``), puts a
-line on top saying what ran it (hardware, profile, date), and renders them with Sphinx and MyST-NB with execution off, beside the README, the
-instructor's guide and the Slurm and data guides. Everything it needs installs from PyPI (``.[site]``):
+line on top saying what ran it (hardware, profile, date), and renders them with Sphinx and MyST-NB with
+execution off, beside the README, the instructor's guide and the Slurm and data guides. Everything it needs installs from PyPI (``.[site]``):
 it builds offline.
 
     python scripts/build_site.py                         # execute what is missing or stale, then build

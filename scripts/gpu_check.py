@@ -532,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         return budget_s - REPORT_S - (_now() - t0)
 
     stamp = {"hardware": hardware, "profile": profile, "date": started, "torch": machine["env"]["torch"]}
+    label = f"Executed {started} on {hardware}, profile {profile}, by make gpu-check"  # each executed notebook's
     ran, left = [], []
     model = "cnn" if args.cpu else "resnet18"
     # the latest ladder and matmul table stay in the report, labelled, until this hardware measures its own
@@ -561,7 +562,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:38s} left for the next run: {left_s():.0f} s of the budget left, {why}", flush=True)
             continue
         limit = min(args.notebook_timeout, left_s())
-        label = f"Executed {time.strftime('%Y-%m-%d')} on {hardware}, profile {profile}, by make gpu-check"
         r = {**run_notebook(notebooks[name], profile, limit, limit, logs, machine["gpu_uuids"],
                             executed=args.out / "executed", label=label), **stamp}
         ran.append(name)
