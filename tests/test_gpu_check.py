@@ -52,6 +52,16 @@ def test_the_cpu_mode_writes_the_whole_report(tmp_path):
     assert run.returncode == 0
 
 
+def test_a_notebook_cut_short_is_labelled_with_where_it_stopped():
+    """The executed copy is rewritten after each cell: one that a kill or gpu-check's time limit cut short keeps
+    the label of its last cell, which says the cells below it did not run (make site shows that label)."""
+    from record_executed import run_label
+
+    assert run_label("Executed on H200", 0, 11, 30) == \
+        "Executed on H200; stopped after code cell 11 of 30: the cells below it did not run"
+    assert run_label("Executed on H200", 1, 30, 30) == "Executed on H200; 1 cell(s) raised"
+
+
 def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
     # the first cell also checks that the suite's conftest is told to install nothing (no apt-get on a GPU node)
     # the second forks a process that crashes, as a rank forked by Lightning's ddp_notebook did on the H200
@@ -75,6 +85,7 @@ def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
         "sends a kernel's stderr to /dev/null)"
     assert [o.output_type for o in executed.cells[2].outputs] == ["error"]
     assert executed.metadata["course_run"]["label"] == "Executed here; 1 cell(s) raised"
+    assert (executed.metadata["course_run"]["cells_ran"], executed.metadata["course_run"]["cells"]) == (3, 3)
     skipped = {**result, "notebook": "98_late.ipynb", "not_run": True, "cells_passed": 0, "cells_failed": 0}
     text = gpu_check.markdown({
         "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0, "notebooks": [result, skipped],
