@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -14,17 +15,36 @@ from course_utils.paths import REPO_ROOT
 from course_utils.waiting import wait_until
 
 
+def _group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (make's session: make and what it started)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.status, response.read().decode()
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_make_lab_serves_the_notebooks():
+def test_make_lab_serves_the_notebooks(tmp_path):
+    """... and, while the practice cluster is up (make cluster: its slurm.conf in COURSE_SLURM_DIR), hands its
+    config to the notebooks (SLURM_CONF in the server's environment, which its kernels inherit), so that their
+    Slurm cells submit to it."""
     port, token = free_port(), "course-test-token"
     args = f"--no-browser --port={port} --ServerApp.token={token} --ServerApp.open_browser=False"
+    (tmp_path / "slurm.conf").write_text("# the practice cluster's config, while it is up\n")
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}  # a Slurm of the machine's own would win
     proc = subprocess.Popen(["make", "-C", str(REPO_ROOT), "lab", f"LAB_ARGS={args}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**env, "COURSE_SLURM_DIR": str(tmp_path)})
     base = f"http://127.0.0.1:{port}"
     try:
         def answer() -> tuple[int, str] | None:
@@ -47,6 +67,9 @@ def test_make_lab_serves_the_notebooks():
         assert status == 200 and "JupyterLab" in page
         status, body = _get(f"{base}/api/kernelspecs?token={token}")
         assert "python3" in json.loads(body)["kernelspecs"]
+        servers = [pid for pid in _group(proc.pid) if b"jupyter" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        environ = Path(f"/proc/{servers[0]}/environ").read_bytes().split(b"\0")
+        assert f"SLURM_CONF={tmp_path / 'slurm.conf'}".encode() in environ, "make lab points the notebooks at it"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -575,13 +575,34 @@ def test_a_site_file_detected_on_the_cluster_asks_for_what_it_has_and_its_script
     assert result["world_size"] == 4 and result["local_world_size"] == 2 and result["ranks_agree"], result
 
 
+def _reboot(cluster) -> None:
+    """What a reboot does to a running practice cluster: its processes and its network devices go (the daemons
+    killed without warning); the files it wrote stay."""
+    m = slurm_cluster_module
+    subprocess.run(["pkill", "-KILL", "-f", "--", str(cluster.conf)], check=False)
+    wait_until(lambda: subprocess.run(["pgrep", "-f", "--", str(cluster.conf)], capture_output=True).returncode == 1,
+               30, "the cluster's daemons outlived SIGKILL", interval_s=0.2)
+    for name, _ in m.NODES:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    subprocess.run(["ip", "link", "del", m.BRIDGE], check=False)
+
+
 @needs_cluster
 def test_a_site_file_detected_on_another_centre_s_layout_runs_its_patterns_unchanged(cluster, tmp_path):
     """The same two nodes started as another centre's cluster (queues standard and gpu-long, four v100s and
     32 CPUs a node): --detect writes that centre's site file, the cluster accepts every script generated from
     it, and the plain script runs through its multi-node pattern, a rank per GPU. The course's cluster is
-    started again after (the notebooks submit to it)."""
-    cluster.down()
+    started again after (the notebooks submit to it).
+
+    Between the two, the laptop reboots with the course's cluster up: its daemons and its network (namespaces,
+    bridge: kernel state) are gone, its files are not (the config make lab reads, the /etc/hosts lines). The
+    learner's `make cluster-down` (a new process, which started nothing) removes what is left, and `make cluster`
+    starts again."""
+    m = slurm_cluster_module
+    _reboot(cluster)
+    assert cluster.conf.exists() and m.HOSTS_MARK in Path("/etc/hosts").read_text(), "what a reboot leaves"
+    m.SlurmTestCluster(cluster.work).down()
+    assert not cluster.conf.exists() and m.HOSTS_MARK not in Path("/etc/hosts").read_text(), "down cleaned up"
     other = slurm_cluster_module.SlurmTestCluster()
     try:
         other.up(layout=slurm_cluster_module.OTHER)
