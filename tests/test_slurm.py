@@ -601,6 +601,7 @@ def test_a_site_file_detected_on_another_centre_s_layout_runs_its_patterns_uncha
     m = slurm_cluster_module
     _reboot(cluster)
     assert cluster.conf.exists() and m.HOSTS_MARK in Path("/etc/hosts").read_text(), "what a reboot leaves"
+    assert not m.SlurmTestCluster(cluster.work).running(), "make cluster starts anew, not 'already up'"
     m.SlurmTestCluster(cluster.work).down()
     assert not cluster.conf.exists() and m.HOSTS_MARK not in Path("/etc/hosts").read_text(), "down cleaned up"
     other = slurm_cluster_module.SlurmTestCluster()
