@@ -34,7 +34,6 @@ import argparse
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 import torch.distributed as dist

@@ -1,6 +1,5 @@
 """Atomic checkpoints: a job killed mid-write leaves the previous checkpoint readable."""
 
-import os
 import shutil
 import signal
 import subprocess

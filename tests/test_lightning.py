@@ -158,7 +158,6 @@ def test_evaluating_after_fsdp_meets_batch_norm_in_one_dtype(one_rank_group, our
     batch norm refuses; the course's keeps both in fp32."""
     import types
 
-    import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from course_utils.models import build_model

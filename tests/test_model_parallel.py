@@ -43,8 +43,6 @@ def test_a_damaged_sharded_checkpoint_is_one_error_that_names_it_and_says_what_t
     """The step folder ``latest`` names holds junk metadata (a copy cut short): train_tp.py, train_fsdp.py and
     train_pipeline.py (the same load_sharded) stop with one line, instead of DCP's UnpicklingError and
     FileNotFoundError tracebacks printed by every rank."""
-    import torch.distributed as dist
-
     from course_utils.checkpoint import CheckpointError
     from course_utils.checkpoint import latest_sharded, load_sharded
 

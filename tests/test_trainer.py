@@ -221,7 +221,6 @@ def test_the_course_optimiser_takes_cudas_foreach_path_and_steps_dtensors_beside
     """A tensor-parallel model keeps plain parameters (its LayerNorms) beside DTensors. On CUDA torch's
     optimisers take the foreach path, which refuses a list mixing the two; the course's optimiser asks for
     that path on every device, so a CPU run meets the refusal, and steps the two kinds as separate groups."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from .env import DistEnv
-from .group import get_rank, get_world_size, is_initialized, is_main_process
+from .group import get_world_size, is_initialized, is_main_process
 
 
 def print0(*args: Any, **kwargs: Any) -> None:
