@@ -761,8 +761,9 @@ def test_07_zero(full):
         assert n_train % (world * batch * accum) == 0, f"{n_train} images, {world} rank(s) x {batch} x {accum}"
     if plan.device == "cuda":
         assert workers * plan.nproc <= t.cores_per_node
-        amp = resolved(t, "amp")
-        fsdp_precision("amp", amp)  # train_fsdp.py: fp32 in place of fp16, with a note; never a refusal
+        precision = full.value("07", "PRECISION", **names)
+        amp = resolved(t, precision)  # amp on a GPU: bf16 or fp16 from the compute capability
+        fsdp_precision(precision, amp)  # train_fsdp.py: fp32 in place of fp16, with a note; never a refusal
         assert fits(t, train_memory("mlp", batch, "adamw"))  # stage 0 holds it all
         epochs = full.value("07", "EPOCHS")
         est = train_seconds(t, "mlp", epochs * n_train / plan.nproc, batch, plan.nproc, amp, workers,

@@ -22,6 +22,7 @@ import torch
 
 from course_utils.devices import (PlacementError, RankView, VisibleGpu, cuda_unusable_note, gpu_ids, gpus_bound,
                                   node_device, place_ranks)
+from course_utils import precision
 from course_utils.lit import LaunchMismatch, plan_launch
 from course_utils.precision import precision_for, resolve_precision, set_tf32, tf32_state
 
@@ -46,6 +47,47 @@ def test_bf16_on_turing_is_refused_with_what_to_use_instead():
     with pytest.raises(ValueError, match=r"Quadro RTX 5000 \(compute capability 7.5\) has no bf16.*fp16 or amp"):
         precision_for("bf16", "cuda", TURING, "Quadro RTX 5000")
     assert precision_for("bf16", "cuda", AMPERE) == "bf16"
+
+
+# /proc/cpuinfo's lines, abridged: a Sapphire Rapids Xeon (AMX), a Zen 4 EPYC (AVX-512 BF16), the 2-core AVX2
+# EPYC CI runs on (bf16 matmuls measured 80x slower than fp32 there), and a Graviton3 (Arm, BF16)
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 amx_bf16 amx_tile\n"
+ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n"
+AVX2_EPYC = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.mark.parametrize("cpuinfo, amp", [(SAPPHIRE_RAPIDS, "bf16"), (ZEN4, "bf16"), (AVX2_EPYC, "fp32"),
+                                          (GRAVITON3, "bf16"), ("", "fp32")])
+def test_amp_on_a_cpu_is_bf16_only_where_the_cpu_has_bf16_instructions(cpuinfo, amp):
+    """Emulated bf16 is not a speed-up: on the AVX2 EPYC a bf16 autocast CNN trained 3.5x slower than in fp32.
+    bf16 asked for by name still runs (emulated), as notebook 07's memory lesson needs; fp16 stays a GPU format."""
+    bf16 = precision.cpu_has_bf16(precision.cpu_flags(cpuinfo))
+    assert precision_for("amp", "cpu", cpu_bf16=bf16) == amp
+    assert precision_for("bf16", "cpu", cpu_bf16=bf16) == "bf16"
+    assert precision_for("fp32", "cpu", cpu_bf16=bf16) == "fp32"
+    with pytest.raises(ValueError, match="GPU technique"):
+        precision_for("fp16", "cpu", cpu_bf16=bf16)
+
+
+def test_a_cpu_run_resolves_amp_from_this_machine_s_own_flags(monkeypatch):
+    """resolve_precision (every trainer's door) reads the flags of the CPU it runs on: here, two CPUs' lines."""
+    assert "fpu" in precision.cpu_flags() or sys.platform != "linux", "read from /proc/cpuinfo on Linux"
+    read = precision.cpu_flags
+    for cpuinfo, amp in ((AVX2_EPYC, "fp32"), (SAPPHIRE_RAPIDS, "bf16")):
+        monkeypatch.setattr(precision, "cpu_flags", lambda text=cpuinfo: read(text))
+        assert resolve_precision("amp", "cpu") == amp
+
+
+def test_the_ladder_s_amp_rung_on_a_cpu_runs_where_bf16_is_in_hardware_and_is_skipped_where_not(monkeypatch):
+    from course_utils import ladder
+
+    read = precision.cpu_flags
+    for cpuinfo, name, skip in ((SAPPHIRE_RAPIDS, "+ AMP (bf16)", None),
+                                (AVX2_EPYC, "+ AMP (fp32)", "this CPU has no bf16 instructions: amp is fp32 here")):
+        monkeypatch.setattr(ladder, "cpu_flags", lambda text=cpuinfo: read(text))
+        (amp,) = [r for r in ladder.rungs(torch.device("cpu"), ladder.LadderSettings()) if r[1] == {"precision": "amp"}]
+        assert (amp[0], amp[2]) == (name, skip)
 
 
 def _gpus(monkeypatch, capabilities, names=None):

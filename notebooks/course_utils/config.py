@@ -87,7 +87,8 @@ class TrainConfig:
                                        minimum=1)
     # speed
     device: str = knob("auto", "speed", DEVICE_HELP)
-    precision: str = knob("fp32", "speed", "fp32, bf16, fp16, or amp (bf16 where the device has it, else fp16)",
+    precision: str = knob("fp32", "speed", "fp32, bf16, fp16, or amp (a GPU: bf16 from Ampere on, fp16 before; "
+                          "a CPU: bf16 where it has bf16 instructions, fp32 where bf16 would be emulated)",
                           choices=PRECISIONS, same_on_resume=True)
     tf32: bool | None = knob(None, "speed", "TF32 tensor cores for fp32 matmuls and convolutions (Ampere+); "
                              "unset: PyTorch's defaults (convolutions only)")
