@@ -63,8 +63,9 @@ setup: $(STAMP)
 lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) notebooks/00_environment.ipynb $(ALLOW_ROOT) $(LAB_ARGS)
 
+# each notebook is written with its outputs to runs/test-executed as it runs: make site takes those copies
 test: setup
-	$(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider -rs --durations=15 $(PYTEST_ARGS)
+	COURSE_EXECUTED_DIR=$(CURDIR)/runs/test-executed $(PY) -m pytest tests notebooks --nbval-lax --nbval-cell-timeout=900 -p no:cacheprovider -rs --durations=15 $(PYTEST_ARGS)
 
 kernel: setup
 	$(PY) -m ipykernel install --user --name distdl-course --display-name "Distributed DL course (.venv)"

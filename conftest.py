@@ -35,10 +35,25 @@ def _slurm_cluster_module():
     return sys.modules["slurm_cluster"]
 
 
+def _record_executed():
+    """scripts/record_executed.py, imported once."""
+    if "record_executed" not in sys.modules:
+        path = Path(__file__).parent / "scripts" / "record_executed.py"
+        spec = importlib.util.spec_from_file_location("record_executed", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["record_executed"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["record_executed"]
+
+
 def pytest_configure(config):
     # Notebook kernels inherit this: each exercise runs its reference solution through the same
     # checker a learner's answer meets (course_utils.exercises); a learner's Run All stops there.
     os.environ.setdefault("COURSE_SOLUTIONS", "1")
+    # make test (COURSE_EXECUTED_DIR): each notebook written with its outputs as it runs, for make site; make
+    # gpu-check loads the same plugin itself (-p record_executed)
+    if os.environ.get("COURSE_EXECUTED_DIR") and not config.pluginmanager.has_plugin("record_executed"):
+        config.pluginmanager.register(_record_executed(), "record_executed")
 
 
 def pytest_sessionstart(session):

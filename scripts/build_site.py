@@ -122,15 +122,17 @@ def page_of(executed: Path, out: Path, pages: dict[str, str]) -> None:
     out.write_text(json.dumps(nb))
 
 
-def take_gpu_runs(sources: list[Path], gpu_runs: Path, executed_dir: Path) -> list[str]:
-    """Copy into ``executed_dir`` each notebook ``make gpu-check`` executed (``gpu_runs``, labelled with its hardware
-    and date) that is newer than its source and than the copy there: the site shows the GPU run where there is
-    one, a CPU run otherwise. The names copied."""
+def take_runs(sources: list[Path], runs: Path, executed_dir: Path, stale_only: bool = False) -> list[str]:
+    """Copy into ``executed_dir`` each notebook executed in ``runs`` (labelled with its hardware and date) that is
+    newer than its source and than the copy there; the names copied. ``make gpu-check``'s runs so: the site shows
+    the GPU run where there is one. With ``stale_only``, only where the copy there is missing or older than its
+    source: ``make test``'s CPU runs, which never replace a GPU run and spare the site executing the notebook."""
     taken = []
     for source in sources:
-        run, kept = gpu_runs / source.name, executed_dir / source.name
+        run, kept = runs / source.name, executed_dir / source.name
+        fresh = not kept.exists() or kept.stat().st_mtime < source.stat().st_mtime
         if run.exists() and run.stat().st_mtime >= source.stat().st_mtime and (
-                not kept.exists() or run.stat().st_mtime > kept.stat().st_mtime):
+                fresh if stale_only else not kept.exists() or run.stat().st_mtime > kept.stat().st_mtime):
             executed_dir.mkdir(parents=True, exist_ok=True)
             shutil.copy2(run, kept)
             taken.append(source.name)
@@ -179,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-execute", action="store_true", help="build from the executed copies there are")
     parser.add_argument("--gpu-check", type=Path, default=REPO / "runs" / "gpu-check" / "executed",
                         help="notebooks make gpu-check executed, taken in place of a CPU run (default: %(default)s)")
+    parser.add_argument("--test-runs", type=Path, default=REPO / "runs" / "test-executed",
+                        help="notebooks make test executed, taken where the site has no current run (default: %(default)s)")
     parser.add_argument("--cell-timeout", type=int, default=1800)
     args = parser.parse_args(argv)
     import importlib.util
@@ -189,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     executed_dir = args.executed or args.out / "executed"
     sources = sorted(NOTEBOOKS.glob("[01][0-9]_*.ipynb"))
-    taken = take_gpu_runs(sources, args.gpu_check, executed_dir)
-    if taken:
-        print(f"from make gpu-check ({args.gpu_check}): {', '.join(taken)}")
+    for what, runs, stale_only in (("make gpu-check", args.gpu_check, False), ("make test", args.test_runs, True)):
+        taken = take_runs(sources, runs, executed_dir, stale_only)
+        if taken:
+            print(f"from {what} ({runs}): {', '.join(taken)}")
     if not args.no_execute:
         todo = [s for s in sources if (args.notebooks and s.name[:2] in args.notebooks) or (
             not args.notebooks and (not (executed_dir / s.name).exists()

@@ -303,6 +303,8 @@ def run_notebook(path: Path, profile: str, timeout_s: float, cell_timeout_s: flo
     # otherwise wait on apt-get before every notebook); it says so in the notebook's log instead.
     env = child_env({"COURSE_PROFILE": profile, "COURSE_NO_APT": "1",
                      **({"COURSE_EXECUTED_DIR": str(executed), "COURSE_EXECUTED_LABEL": label} if executed else {})})
+    if not executed:  # not into the folder of a make test that runs this (tests/test_gpu_check.py)
+        env.pop("COURSE_EXECUTED_DIR", None)
     env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), env["PYTHONPATH"]])  # the record_executed plugin
     log = logs / f"{path.stem}.log"
     # nbval sends the kernel's stderr to /dev/null: what the kernel's C++ and the processes it forks (Lightning's

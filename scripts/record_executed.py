@@ -1,8 +1,12 @@
-"""A pytest plugin for ``make gpu-check`` (``-p record_executed``): each notebook run under nbval is written to
-COURSE_EXECUTED_DIR with the outputs its cells printed, rewritten after each cell, so a run stopped or crashed
-keeps what it showed (a forked rank's crash report included) and ``make site`` can show the GPU run. Labelled
-COURSE_EXECUTED_LABEL, with the number of cells that raised and, until the last cell has run, where it stopped."""
+"""Each notebook run under nbval, written with the outputs its cells printed to COURSE_EXECUTED_DIR, rewritten after
+each cell: a run stopped or crashed keeps what it showed (a forked rank's crash report included), and ``make site``
+shows the run instead of executing the notebook again. It records whenever COURSE_EXECUTED_DIR is set: a pytest plugin, which ``make gpu-check`` loads (``-p record_executed``,
+labelled with the GPU and the date) and the root conftest.py registers for ``make test`` (labelled with the CPU,
+the CI profile and the date). Labelled COURSE_EXECUTED_LABEL, else from this machine; with
+the number of cells that raised and, until the last cell has run, where it stopped."""
 
+import datetime
+import functools
 import os
 from pathlib import Path
 
@@ -17,9 +21,25 @@ def run_label(label: str, errors: int, ran: int, cells: int) -> str:
     return label + (f"; {errors} cell(s) raised" if errors else "")
 
 
+@functools.cache
+def machine_label() -> str:
+    """``Executed DATE on HARDWARE, profile P, under make test``: the label where the caller gave none."""
+    from course_utils import current_profile
+    from course_utils.hardware import environment_report
+
+    env = environment_report()
+    gpus = env.get("gpus") or []
+    hardware = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU {env['cpu']} ({env['cores_usable']} cores)"
+    profile = current_profile()
+    return (f"Executed {datetime.date.today().isoformat()} on {hardware}, profile {profile}, under make test"
+            + (" (the CI profile's small sizes: a GPU run in the full profile prints the workshop's numbers)"
+               if profile == "ci" else ""))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """After each notebook cell nbval ran: the notebook so far, with the cell's outputs, in COURSE_EXECUTED_DIR."""
+    """After nbval ran a notebook cell: the notebook so far, with the cell's outputs, in COURSE_EXECUTED_DIR. Other
+    tests are left alone."""
     yield
     folder = os.environ.get("COURSE_EXECUTED_DIR")
     if not folder or call.when != "call" or not hasattr(item, "test_outputs") or not hasattr(item, "cell"):
@@ -31,7 +51,7 @@ def pytest_runtest_makereport(item, call):
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = sum(any(o.get("output_type") == "error" for o in c.get("outputs", [])) for c in code)
     ran = next(i for i, c in enumerate(code, 1) if c is item.cell)
-    label = run_label(os.environ.get("COURSE_EXECUTED_LABEL", "Executed under nbval"), errors, ran, len(code))
+    label = run_label(os.environ.get("COURSE_EXECUTED_LABEL") or machine_label(), errors, ran, len(code))
     nb.metadata["course_run"] = {"label": label, "errors": errors, "cells_ran": ran, "cells": len(code)}
     target = Path(folder) / Path(str(item.parent.fspath)).name
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ def test_without_a_built_site_the_browser_check_says_what_to_do(tmp_path):
 
 def test_the_gpu_run_of_a_notebook_is_taken_in_place_of_a_cpu_run(tmp_path):
     """make site shows what make gpu-check executed (labelled with its hardware) where that is newer than the
-    notebook; a copy older than the notebook is stale and a CPU run replaces it."""
+    notebook; a copy older than the notebook is stale and a CPU run replaces it: make test's, where there is one."""
     import os
 
     gpu, executed = tmp_path / "gpu", tmp_path / "executed"
@@ -67,6 +67,31 @@ def test_the_gpu_run_of_a_notebook_is_taken_in_place_of_a_cpu_run(tmp_path):
         run = gpu / source.name
         run.write_text('{"metadata": {"course_run": {"label": "Executed on NVIDIA H200"}}}')
         os.utime(run, (source.stat().st_mtime + age,) * 2)
-    assert build_site.take_gpu_runs(sources, gpu, executed) == ["00_environment.ipynb"]
+    assert build_site.take_runs(sources, gpu, executed) == ["00_environment.ipynb"]
     assert "H200" in (executed / "00_environment.ipynb").read_text() and not (executed / "03_ddp_one_node.ipynb").exists()
-    assert build_site.take_gpu_runs(sources, gpu, executed) == [], "already taken"
+    assert build_site.take_runs(sources, gpu, executed) == [], "already taken"
+    # make test's CPU runs, newer still, fill what the site lacks and never replace the GPU run
+    tests = tmp_path / "test-runs"
+    tests.mkdir()
+    for source in sources:
+        run = tests / source.name
+        run.write_text('{"metadata": {"course_run": {"label": "Executed on CPU X (2 cores), under make test"}}}')
+        os.utime(run, (source.stat().st_mtime + 120,) * 2)
+    assert build_site.take_runs(sources, tests, executed, stale_only=True) == ["03_ddp_one_node.ipynb"]
+    assert "H200" in (executed / "00_environment.ipynb").read_text()
+
+
+def test_make_test_records_the_notebooks_it_runs_for_the_site(tmp_path):
+    """make test sets COURSE_EXECUTED_DIR (the Makefile): the suite's conftest then loads the plugin that writes
+    each notebook with its outputs there (scripts/record_executed.py; tests/test_gpu_check.py runs it on a
+    notebook), which make site takes where it has no current run of its own."""
+    import os
+
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    test_rule = makefile[makefile.index("\ntest:"):].split("\n\n")[0]
+    assert "COURSE_EXECUTED_DIR=$(CURDIR)/runs/test-executed" in test_rule, test_rule
+    out = subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "--trace-config", "-p", "no:cacheprovider",
+                          "tests/test_sizing.py"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={**os.environ, "COURSE_EXECUTED_DIR": str(tmp_path)})
+    assert out.returncode == 0 and "record_executed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
