@@ -257,10 +257,12 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
            # last call: how long a group that has its minimum waits for more nodes. Long enough for a
-           # node started a moment later to import torch and join the first group (on a busy
-           # 2-core machine, 2 s was not), short enough that a survivor re-forms quickly.
-           # keep-alive: see KEEP_ALIVE_S
-           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=5,"
+           # node started a moment later to import torch and join the first group (on a busy 2-core
+           # machine, 5 s was not): a node that arrives after the group formed is a scale-up, and
+           # torch's re-rendezvous then waits on itself until the store times out (60 s) and both agents
+           # fail (torch 2.11 and 2.14 alike; pytorch#123678). It is also how long a survivor waits
+           # before it carries on alone. keep-alive: see KEEP_ALIVE_S
+           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=15,"
            f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
            str(script_path(str(script))), *map(str, args)]
     return Process(cmd, env=_threads_per_rank(nproc, env))
