@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-check", type=Path, default=REPO / "runs" / "gpu-check" / "executed",
                         help="notebooks make gpu-check executed, taken in place of a CPU run (default: %(default)s)")
     parser.add_argument("--test-runs", type=Path, default=REPO / "runs" / "test-executed",
-                        help="notebooks make test executed, taken where the site has no current run (default: %(default)s)")
+                        help="notebooks make test executed, taken where the site has no current run "
+                             "(default: %(default)s)")
     parser.add_argument("--cell-timeout", type=int, default=1800)
     args = parser.parse_args(argv)
     import importlib.util

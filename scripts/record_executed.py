@@ -1,9 +1,10 @@
-"""Each notebook run under nbval, written with the outputs its cells printed to COURSE_EXECUTED_DIR, rewritten after
-each cell: a run stopped or crashed keeps what it showed (a forked rank's crash report included), and ``make site``
-shows the run instead of executing the notebook again. It records whenever COURSE_EXECUTED_DIR is set: a pytest plugin, which ``make gpu-check`` loads (``-p record_executed``,
-labelled with the GPU and the date) and the root conftest.py registers for ``make test`` (labelled with the CPU,
-the CI profile and the date). Labelled COURSE_EXECUTED_LABEL, else from this machine; with
-the number of cells that raised and, until the last cell has run, where it stopped."""
+"""Each notebook run under nbval, written with the outputs its cells printed to COURSE_EXECUTED_DIR, rewritten
+after each cell: a run stopped or crashed keeps what it showed (a forked rank's crash report included), and
+``make site`` shows the run instead of executing the notebook again. A pytest plugin that records whenever
+COURSE_EXECUTED_DIR is set: ``make gpu-check`` loads it (``-p record_executed``, labelled with the GPU and the
+date) and the root conftest.py registers it for ``make test`` (labelled with the CPU, the CI profile and the
+date). Labelled COURSE_EXECUTED_LABEL, else from this machine; with the number of cells that raised and, until
+the last cell has run, where it stopped."""
 
 import datetime
 import functools

@@ -259,9 +259,10 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
            # last call: how long a group that has its minimum waits for more nodes. Long enough for a
            # node started a moment later to import torch and join the first group (on a busy 2-core
            # machine, 5 s was not): a node that arrives after the group formed is a scale-up, and
-           # torch's re-rendezvous then waits on itself until the store times out (60 s) and both agents
-           # fail (torch 2.11 and 2.14 alike, reproduced with a plain script; see pytorch#123678's comments). It is also how long a survivor waits
-           # before it carries on alone. keep-alive: see KEEP_ALIVE_S
+           # torch's re-rendezvous then waits on itself until the store times out (60 s) and both
+           # agents fail (torch 2.11 and 2.14 alike, reproduced with a plain script; see the comments
+           # of pytorch#123678). It is also how long a survivor waits before it carries on alone.
+           # keep-alive: see KEEP_ALIVE_S
            f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=15,"
            f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
            str(script_path(str(script))), *map(str, args)]
