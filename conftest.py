@@ -24,26 +24,24 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{total:7.1f} s  {path}")
 
 
-def _slurm_cluster_module():
-    """slurm/practice_cluster.py, imported once under the name the Slurm tests use."""
-    if "slurm_cluster" not in sys.modules:
-        path = Path(__file__).parent / "slurm" / "practice_cluster.py"
-        spec = importlib.util.spec_from_file_location("slurm_cluster", path)
+def _module(name: str, path: str):
+    """The file ``path`` of the repository, imported once as module ``name``."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules["slurm_cluster"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["slurm_cluster"]
+    return sys.modules[name]
+
+
+def _slurm_cluster_module():
+    """slurm/practice_cluster.py, under the name the Slurm tests use."""
+    return _module("slurm_cluster", "slurm/practice_cluster.py")
 
 
 def _record_executed():
-    """scripts/record_executed.py, imported once."""
-    if "record_executed" not in sys.modules:
-        path = Path(__file__).parent / "scripts" / "record_executed.py"
-        spec = importlib.util.spec_from_file_location("record_executed", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["record_executed"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["record_executed"]
+    """scripts/record_executed.py: the plugin that writes each notebook with its outputs as it runs."""
+    return _module("record_executed", "scripts/record_executed.py")
 
 
 def pytest_configure(config):
