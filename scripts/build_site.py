@@ -4,8 +4,8 @@
 Notebooks stay in git without outputs. This executes each one (or takes the copy ``make gpu-check``
 executed on a GPU node, in runs/gpu-check/executed, or the executed copy already in ``--executed``), puts a
 line on top saying what ran it (hardware, profile, date), and renders them with Sphinx and MyST-NB with
-execution off, beside the README, the instructor's guide and the Slurm and data guides. Everything it needs installs from PyPI (``.[site]``):
-it builds offline.
+execution off, beside the README, the instructor's guide and the Slurm and data guides. Everything it needs
+installs from PyPI (``.[site]``): it builds offline.
 
     python scripts/build_site.py                         # execute what is missing or stale, then build
     python scripts/build_site.py --notebooks 00 03       # only these notebooks (others: as last executed)
@@ -31,10 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-sys.path.insert(0, str(NOTEBOOKS))
+sys.path[:0] = [str(NOTEBOOKS), str(REPO / "scripts")]
 
-from course_utils.hardware import environment_report  # noqa: E402
-from course_utils.sizing import current_profile  # noqa: E402
+from record_executed import executed_label, machine  # noqa: E402
 
 # Pages beside the notebooks: (source in the repository, page name in the site)
 GUIDES = [("README.md", "readme"), ("INSTRUCTORS.md", "instructors"), ("slurm/README.md", "slurm"),
@@ -63,10 +62,7 @@ def execute(source: Path, target: Path, timeout_s: int) -> tuple[bool, str]:
     from nbclient import NotebookClient
 
     nb = nbformat.read(source, as_version=4)
-    env = environment_report()
-    gpus = env.get("gpus") or []
-    hardware = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU {env['cpu']} ({env['cores_usable']} cores)"
-    profile = current_profile()
+    hardware, profile = machine()
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(NOTEBOOKS)}})
     os.environ.setdefault("COURSE_SOLUTIONS", "1")  # the kernel inherits it: exercises run their reference answer
@@ -74,9 +70,7 @@ def execute(source: Path, target: Path, timeout_s: int) -> tuple[bool, str]:
     client.execute()
     errors = [c for c in nb.cells if c.cell_type == "code" and any(o.get("output_type") == "error" for o in c.outputs)]
     when = datetime.date.today().isoformat()
-    label = (f"Executed {when} on {hardware}, profile {profile}"
-             + (" (the CI profile's small sizes: a GPU run in the full profile prints the workshop's numbers)"
-                if profile == "ci" else "") + f", in {time.perf_counter() - start:.0f} s"
+    label = (executed_label() + f", in {time.perf_counter() - start:.0f} s"
              + (f"; {len(errors)} cell(s) raised" if errors else ""))
     nb.metadata["course_run"] = {"label": label, "profile": profile, "hardware": hardware, "date": when,
                                  "errors": len(errors)}

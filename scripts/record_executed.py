@@ -23,16 +23,22 @@ def run_label(label: str, errors: int, ran: int, cells: int) -> str:
 
 
 @functools.cache
-def machine_label() -> str:
-    """``Executed DATE on HARDWARE, profile P, under make test``: the label where the caller gave none."""
+def machine() -> tuple[str, str]:
+    """What ran the notebooks, as a run's label names it (the GPUs, else the CPU and its cores), and the profile."""
     from course_utils import current_profile
     from course_utils.hardware import environment_report
 
     env = environment_report()
     gpus = env.get("gpus") or []
     hardware = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU {env['cpu']} ({env['cores_usable']} cores)"
-    profile = current_profile()
-    return (f"Executed {datetime.date.today().isoformat()} on {hardware}, profile {profile}, under make test"
+    return hardware, current_profile()
+
+
+def executed_label(by: str = "") -> str:
+    """``Executed DATE on HARDWARE, profile P`` and ``by`` (who ran it), with what the CI profile's sizes mean: the
+    label of this machine's runs, here (make test) and in scripts/build_site.py."""
+    hardware, profile = machine()
+    return (f"Executed {datetime.date.today().isoformat()} on {hardware}, profile {profile}{by}"
             + (" (the CI profile's small sizes: a GPU run in the full profile prints the workshop's numbers)"
                if profile == "ci" else ""))
 
@@ -52,7 +58,8 @@ def pytest_runtest_makereport(item, call):
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = sum(any(o.get("output_type") == "error" for o in c.get("outputs", [])) for c in code)
     ran = next(i for i, c in enumerate(code, 1) if c is item.cell)
-    label = run_label(os.environ.get("COURSE_EXECUTED_LABEL") or machine_label(), errors, ran, len(code))
+    label = os.environ.get("COURSE_EXECUTED_LABEL") or executed_label(", under make test")
+    label = run_label(label, errors, ran, len(code))
     nb.metadata["course_run"] = {"label": label, "errors": errors, "cells_ran": ran, "cells": len(code)}
     target = Path(folder) / Path(str(item.parent.fspath)).name
     target.parent.mkdir(parents=True, exist_ok=True)

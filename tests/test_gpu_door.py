@@ -85,7 +85,7 @@ def test_the_ladder_s_amp_rung_on_a_cpu_runs_where_bf16_is_in_hardware_and_is_sk
     read = precision.cpu_flags
     for cpuinfo, name, skip in ((SAPPHIRE_RAPIDS, "+ AMP (bf16)", None),
                                 (AVX2_EPYC, "+ AMP (fp32)", "this CPU has no bf16 instructions: amp is fp32 here")):
-        monkeypatch.setattr(ladder, "cpu_flags", lambda text=cpuinfo: read(text))
+        monkeypatch.setattr(precision, "cpu_flags", lambda text=cpuinfo: read(text))
         (amp,) = [r for r in ladder.rungs(torch.device("cpu"), ladder.LadderSettings()) if r[1] == {"precision": "amp"}]
         assert (amp[0], amp[2]) == (name, skip)
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .paths import child_env
-from .precision import cpu_flags, cpu_has_bf16
+from .precision import cpu_bf16_here
 from .precision import tf32 as tf32_switch
 from .precision import tf32_state
 
@@ -120,7 +120,7 @@ def environment_report() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu": _cpu_model(),
-        "cpu_bf16": cpu_has_bf16(cpu_flags()),  # bf16 instructions: amp trains in bf16 on this CPU, else fp32
+        "cpu_bf16": cpu_bf16_here(),  # bf16 instructions: amp trains in bf16 on this CPU, else fp32
         "cores_total": os.cpu_count(),
         "cores_usable": usable_cores(),
         "memory_gib": round(_memory_gib(), 1),

@@ -20,7 +20,7 @@ import torch
 from .config import TrainConfig, changes, config_flags
 from .data import get_datasets, make_loader
 from .process_group import choose_device
-from .precision import cpu_flags, cpu_has_bf16, precision_for
+from .precision import cpu_bf16_here, precision_for
 from .models import build_model
 from .trainer import Trainer
 
@@ -62,16 +62,12 @@ def _gpu_cc(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else (0, 0)
 
 
-def _amp_here(device: torch.device) -> str:
-    """What ``amp`` is on ``device``: bf16 or fp16 on a GPU, bf16 or fp32 on a CPU (its bf16 instructions)."""
-    return precision_for("amp", device.type, _gpu_cc(device), cpu_bf16=cpu_has_bf16(cpu_flags()))
-
-
 def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dict[str, Any], str | None]]:
     """``(name, TrainConfig change, reason_to_skip)`` for each rung on ``device``."""
     gpu = device.type == "cuda"
     no_gpu = None if gpu else "needs a GPU"
     ampere = None if _gpu_cc(device) >= (8, 0) else "needs an Ampere or newer GPU"
+    amp = precision_for("amp", device.type, _gpu_cc(device), cpu_bf16=cpu_bf16_here())  # bf16/fp16; a CPU: bf16/fp32
     compile_skip = None
     if not gpu and not settings.compile_on_cpu:
         compile_skip = "off on CPU unless compile_on_cpu is set (the compile time is paid in the untimed steps)"
@@ -82,8 +78,8 @@ def rungs(device: torch.device, settings: LadderSettings) -> list[tuple[str, dic
         ("+ cudnn.benchmark", {"cudnn_benchmark": True}, no_gpu),
         ("+ TF32", {"tf32": True}, ampere if gpu else no_gpu),
         ("+ channels_last", {"channels_last": True}, None),
-        ("+ AMP (" + _amp_here(device) + ")", {"precision": "amp"},
-         "this CPU has no bf16 instructions: amp is fp32 here" if _amp_here(device) == "fp32" else None),
+        ("+ AMP (" + amp + ")", {"precision": "amp"},
+         "this CPU has no bf16 instructions: amp is fp32 here" if amp == "fp32" else None),
         ("+ torch.compile", {"compile": True}, compile_skip),
     ]
 

@@ -244,6 +244,12 @@ def find_rank_pid(marker: str, rank: int) -> int | None:
 # An elastic node is dead to the others after KEEP_ALIVE_MISSES missed heartbeats, one every KEEP_ALIVE_S
 # seconds; torch's default interval, TORCH_KEEP_ALIVE_S, made a survivor wait 15 s before re-forming the group.
 KEEP_ALIVE_S, KEEP_ALIVE_MISSES, TORCH_KEEP_ALIVE_S = 2, 3, 5
+# How long an agent that has its minimum of nodes waits for more (the rendezvous' last call), also how long a survivor
+# waits before it carries on alone. Long enough for a node started a moment later to import torch and join the first
+# group (on a busy 2-core machine, 5 s was not): a node that arrives after the group formed is a scale-up, and torch's
+# re-rendezvous then waits on itself until the store times out and every agent fails (torch 2.11 and 2.14 alike,
+# reproduced with a plain script; see the comments of pytorch#123678).
+LAST_CALL_S = 15
 
 
 def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, rdzv_id: str,
@@ -256,14 +262,8 @@ def start_elastic_node(script: str | Path, args: Sequence[str], endpoint: str, r
     """
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
            f"--max-restarts={max_restarts}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-           # last call: how long a group that has its minimum waits for more nodes. Long enough for a
-           # node started a moment later to import torch and join the first group (on a busy 2-core
-           # machine, 5 s was not): a node that arrives after the group formed is a scale-up, and
-           # torch's re-rendezvous then waits on itself until the store times out (60 s) and both
-           # agents fail (torch 2.11 and 2.14 alike, reproduced with a plain script; see the comments
-           # of pytorch#123678). It is also how long a survivor waits before it carries on alone.
-           # keep-alive: see KEEP_ALIVE_S
-           f"--rdzv-id={rdzv_id}", "--rdzv-conf=join_timeout=30,last_call_timeout=15,"
+           # last call: see LAST_CALL_S; keep-alive: see KEEP_ALIVE_S
+           f"--rdzv-id={rdzv_id}", f"--rdzv-conf=join_timeout=30,last_call_timeout={LAST_CALL_S},"
            f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt={KEEP_ALIVE_MISSES}",
            str(script_path(str(script))), *map(str, args)]
     return Process(cmd, env=_threads_per_rank(nproc, env))

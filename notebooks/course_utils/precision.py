@@ -56,6 +56,11 @@ def cpu_has_bf16(flags: frozenset[str] | set[str]) -> bool:
     return any(flag in flags for flag in CPU_BF16_FLAGS)
 
 
+def cpu_bf16_here() -> bool:
+    """Whether this machine's CPU computes bf16 in hardware (:func:`cpu_flags`, :func:`cpu_has_bf16`)."""
+    return cpu_has_bf16(cpu_flags())
+
+
 def precision_for(precision: str, device_type: str, capability: tuple[int, int] | None = None,
                   gpu_name: str = "this GPU", cpu_bf16: bool = False) -> str:
     """The precision a run uses, from the hardware facts alone (tested without a GPU).
@@ -97,7 +102,7 @@ def resolve_precision(precision: str, device: torch.device | str) -> str:
     device = torch.device(device)
     apply_determinism(device.type)
     if device.type != "cuda":
-        return precision_for(precision, device.type, cpu_bf16=cpu_has_bf16(cpu_flags()))
+        return precision_for(precision, device.type, cpu_bf16=cpu_bf16_here())
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     return precision_for(precision, "cuda", (props.major, props.minor), props.name)
