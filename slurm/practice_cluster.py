@@ -326,9 +326,11 @@ class SlurmTestCluster:
         pid_file = self.work / "slurmctld.pid"
         if shutil.which("sinfo") is None:
             return False
-        try:
-            os.kill(int(pid_file.read_text().strip()), 0)
+        try:  # its slurmctld, not a process that took its pid after a reboot (nor a zombie: no command line)
+            command = Path(f"/proc/{int(pid_file.read_text().strip())}/cmdline").read_bytes()
         except (OSError, ValueError):
+            return False
+        if str(self.conf).encode() not in command:
             return False
         out, states = self._node_states()
         return out.returncode == 0 and len(states) >= len(NODES) and not any(

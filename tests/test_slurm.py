@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from course_utils import slurm
+from course_utils.devices import RankView, place_ranks
 from course_utils.launch import run_script
 from course_utils.paths import REPO_ROOT
 from course_utils.results import results_in_log
@@ -88,11 +89,12 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 
 # Where each pattern runs for real. The sites' scripts differ in their #SBATCH lines only (one template
 # per pattern writes the launch lines), and every script's request is checked against the cluster with
-# `sbatch --test-only` below; each pattern's launch lines then run once. Notebook 04 runs generic's
-# one_node, multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the
-# plain script, and the sweep array (each trial's flags checked); notebook 05 the requeue pattern (its resume
-# bit for bit: tests/test_fault_tolerance.py); notebook 06 the Lightning pattern; the Ray test Frontera's Ray
-# pattern. What no notebook runs runs here: the plain script under torchrun's rendezvous across nodes
+# `sbatch --test-only` below; each pattern's launch lines then run. Notebook 04 runs generic's one_node,
+# multi_node_srun and multi_node_torchrun with the course's train.py, multi_node_srun with the plain script,
+# and the sweep array (each trial's flags checked); notebook 05 the requeue pattern (its resume bit for bit:
+# tests/test_fault_tolerance.py); notebook 06 the Lightning pattern. The tests at the end of this file run every
+# pattern again, generated for another centre's layout (the Ray pattern with a search that requeues). What no
+# notebook runs with a training script runs here: the plain script under torchrun's rendezvous across nodes
 # (one_node and requeue start the same torchrun on one node, and no pattern adds a flag to any script);
 # DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data parallel across).
 RUN_HERE = {("generic", "multi_node_torchrun"): "plain", ("ft3", "multi_node_deepspeed"): "course",
@@ -182,45 +184,6 @@ def _no_ray_left(job: int) -> None:
     assert left == [], "Ray processes of the job outlived it:\n" + "\n".join(left)
     for node in ("cnode1", "cnode2"):
         shutil.rmtree(f"/tmp/ray-{job}-{node}", ignore_errors=True)
-
-
-@needs_cluster
-def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_a_search(cluster, tmp_path):
-    """Frontera's Ray pattern (16 cores a node: one trial of 16 CPUs per node) starts where the first import
-    of Ray's agent on a node takes 17 s (tests/slow_imports: a cold Lustre; Ray 2.60's raylet gives the agent
-    15 s). The course's search is told to wait for one node only (--nodes 1), so the nodes it finds at its
-    first line are those the job script waited for: every node, as any Ray script of a researcher's would see
-    them. Its trials spread over both nodes and save into the RUN_DIR the job made; Slurm's warning stops the
-    search, the job requeues, and the next start finishes the search from its folder. No Ray process is left.
-    (FT3's script is the same template with other #SBATCH lines: sbatch --test-only above; a request no node
-    holds: tests/test_tune.py.)"""
-    search = ("--model cnn --epochs 3 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
-              "--cpus-per-trial 16 --held-out 200 --scheduler fifo --nodes 1")
-    env = {"COURSE_RUNS": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "tests" / "slow_imports"),
-           "TRAIN_ARGS": search, **ONE_THREAD}
-    job = slurm.sbatch(REPO_ROOT / "slurm" / "frontera" / "multi_node_ray.sbatch", env=env)
-    search_dir = tmp_path / f"frontera-multi-node-ray-{job}" / "tune" / "search"
-
-    def first_trial_reported() -> bool:
-        assert (slurm.job_records(job) or [{}])[0].get("JobState") in ("PENDING", "CONFIGURING", "RUNNING")
-        return any(search_dir.glob("*/checkpoint_*"))
-
-    wait_until(first_trial_reported, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
-               interval_s=0.5)
-    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
-    slurm.wait_requeued(job)
-    slurm.release(job)
-    records = slurm.wait([job], timeout_s=900)
-
-    record = records[job][0]
-    report = cluster.job_report(job, records[job])
-    assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
-    stopped, final = results_in_log(record["StdOut"])
-    assert len(stopped["nodes"]) == 2 and len(final["nodes"]) == 2, "each start's script found both nodes joined"
-    assert stopped["stopped"] and not final["stopped"] and final["trials"] == 2 and final["errored"] == 0, report
-    assert all(s == "completed" for s in final["statuses"]) and final["hosts"] == ["cnode1", "cnode2"], final
-    assert Path(final["path"]) == search_dir, final["path"]
-    _no_ray_left(job)
 
 
 @needs_cluster
@@ -565,14 +528,13 @@ def _plain_run(cluster, script: Path) -> dict:
 
 
 @needs_cluster
-def test_a_site_file_detected_on_the_cluster_asks_for_what_it_has_and_its_scripts_run(cluster, tmp_path):
+def test_a_site_file_detected_on_the_cluster_asks_for_what_it_has(cluster, tmp_path):
     """python slurm/generate.py --detect NAME on a login node: the site file from the cluster's own answers,
-    then its scripts, each accepted by the cluster and one run unchanged. (Other layouts, from scontrol's
-    lines: tests/test_detect_site.py; another centre's layout live: the last test here.)"""
-    site, scripts = _detected(cluster, tmp_path, "practice")
+    then its scripts, each accepted by the cluster. (Other layouts, from scontrol's lines:
+    tests/test_detect_site.py; another centre's layout live, every pattern run: the tests at the end.)"""
+    site, _ = _detected(cluster, tmp_path, "practice")
     assert "--partition=debug" in site and 'gres = "gpu:a100"' in site and "cores_per_node = 64" in site, site
-    result = _plain_run(cluster, scripts / "multi_node_srun.sbatch")
-    assert result["world_size"] == 4 and result["local_world_size"] == 2 and result["ranks_agree"], result
+    assert "gpus_per_node = 2" in site, site
 
 
 def _reboot(cluster) -> None:
@@ -588,30 +550,136 @@ def _reboot(cluster) -> None:
 
 
 @needs_cluster
-def test_a_site_file_detected_on_another_centre_s_layout_runs_its_patterns_unchanged(cluster, tmp_path):
-    """The same two nodes started as another centre's cluster (queues standard and gpu-long, four v100s and
-    32 CPUs a node): --detect writes that centre's site file, the cluster accepts every script generated from
-    it, and the plain script runs through its multi-node pattern, a rank per GPU. The course's cluster is
-    started again after (the notebooks submit to it).
-
-    Between the two, the laptop reboots with the course's cluster up: its daemons and its network (namespaces,
-    bridge: kernel state) are gone, its files are not (the config make lab reads, the /etc/hosts lines). The
-    learner's `make cluster-down` (a new process, which started nothing) removes what is left, and `make cluster`
-    starts again."""
+def test_after_a_reboot_make_cluster_down_cleans_up_and_make_cluster_starts_anew(cluster):
+    """The laptop reboots with the course's cluster up: its daemons and its network (namespaces, bridge: kernel
+    state) are gone, its files are not (the config make lab reads, the /etc/hosts lines). The learner's `make
+    cluster-down` (a new process, which started nothing) removes what is left, and `make cluster` starts again."""
     m = slurm_cluster_module
-    _reboot(cluster)
-    assert cluster.conf.exists() and m.HOSTS_MARK in Path("/etc/hosts").read_text(), "what a reboot leaves"
-    assert not m.SlurmTestCluster(cluster.work).running(), "make cluster starts anew, not 'already up'"
-    m.SlurmTestCluster(cluster.work).down()
-    assert not cluster.conf.exists() and m.HOSTS_MARK not in Path("/etc/hosts").read_text(), "down cleaned up"
+    try:
+        _reboot(cluster)
+        assert cluster.conf.exists() and m.HOSTS_MARK in Path("/etc/hosts").read_text(), "what a reboot leaves"
+        assert not m.SlurmTestCluster(cluster.work).running(), "make cluster starts anew, not 'already up'"
+        m.SlurmTestCluster(cluster.work).down()
+        assert not cluster.conf.exists() and m.HOSTS_MARK not in Path("/etc/hosts").read_text(), "down cleaned up"
+    finally:
+        cluster.up()
+    assert cluster.running()
+
+
+# --------------------------------------------------------------------------- #
+# Another centre: the same two nodes started with another configuration (queues standard and gpu-long, four
+# v100s and 32 CPUs a node, jobs share nodes), its site file detected, every pattern run unchanged. The tests
+# that use it come last in this file: the course's cluster stops once and starts again once.
+# --------------------------------------------------------------------------- #
+@pytest.fixture(scope="module")
+def other_centre(cluster, tmp_path_factory):
+    """(the other centre's cluster, its detected site file's text, the folder of its scripts)"""
     other = slurm_cluster_module.SlurmTestCluster()
     try:
         other.up(layout=slurm_cluster_module.OTHER)
-        site, scripts = _detected(other, tmp_path, "othercentre")
-        assert "--partition=standard" in site and 'gres = "gpu:v100"' in site, site
-        assert "gpus_per_node = 4" in site and "cores_per_node = 32" in site and "whole_nodes = false" in site, site
-        result = _plain_run(other, scripts / "multi_node_srun.sbatch")
-        assert result["world_size"] == 8 and result["local_world_size"] == 4 and result["ranks_agree"], result
+        site, scripts = _detected(other, tmp_path_factory.mktemp("othercentre"), "othercentre")
+        yield other, site, scripts
     finally:
         other.down()
-        cluster.up()
+        cluster.up()  # the notebooks submit to the course's cluster
+
+
+@needs_cluster
+def test_a_site_file_detected_on_another_centre_s_layout_asks_for_what_it_has(other_centre):
+    _, site, _ = other_centre
+    assert "--partition=standard" in site and 'gres = "gpu:v100"' in site, site
+    assert "gpus_per_node = 4" in site and "cores_per_node = 32" in site and "whole_nodes = false" in site, site
+
+
+PROBE = str(REPO_ROOT / "scripts" / "launch_probe.py")
+
+
+def _probes(log: Path) -> list[dict]:
+    return [json.loads(line[6:]) for line in log.read_text().splitlines() if line.startswith("PROBE ")]
+
+
+def test_the_launch_probe_outside_a_launcher_is_rank_0_of_1_and_tells_all_gpus_from_none():
+    """A plain `python scripts/launch_probe.py`: world 1, as the course counts it; no CUDA_VISIBLE_DEVICES means
+    every GPU of the node, an empty one none."""
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES")}
+    seen = {}
+    for case, extra in (("unset", {}), ("empty", {"CUDA_VISIBLE_DEVICES": ""})):
+        out = subprocess.run([sys.executable, PROBE], capture_output=True, text=True, timeout=60, env={**base, **extra})
+        line, probe = out.stdout.splitlines()
+        seen[case] = (line, json.loads(probe[len("PROBE "):]))
+    assert seen["unset"][1]["gpus"] is None and "every GPU of the node" in seen["unset"][0], seen
+    assert seen["empty"][1]["gpus"] == [] and "GPUs none" in seen["empty"][0], seen
+    assert all((p["rank"], p["world_size"]) == (0, 1) for _, p in seen.values()), seen
+
+
+@needs_cluster
+def test_every_pattern_of_a_detected_site_runs_unchanged_a_rank_per_gpu(other_centre):
+    """Each generated script of the other centre, with scripts/launch_probe.py as its TRAIN_SCRIPT (what a
+    researcher runs first at a new centre): every process reports its rank and the GPUs it sees, and the course's
+    device policy (devices.place_ranks, as the course's scripts call it) gives each rank of a job its own GPU, the
+    one LOCAL_RANK names (a plain torchrun script's choice). The plain DDP script then trains through the srun
+    pattern on all 8 GPUs: the ranks do meet. (The Ray pattern: the next test.)"""
+    other, _, scripts = other_centre
+    patterns = [p for p in generate.patterns() if p != "multi_node_ray"]
+    jobs = {slurm.sbatch(scripts / f"{p}.sbatch", env={"TRAIN_SCRIPT": PROBE, "TRAIN_ARGS": "--probe"}): p
+            for p in patterns}
+    plain = slurm.sbatch(scripts / "multi_node_srun.sbatch", env={**PLAIN, **ONE_THREAD})
+    records = slurm.wait([*jobs, plain], timeout_s=600)
+    for job, pattern in jobs.items():
+        report = other.job_report(job, records[job])
+        assert {(r["JobState"], r["ExitCode"]) for r in records[job]} == {("COMPLETED", "0:0")}, report
+        seen = [p for r in records[job] for p in _probes(Path(r["StdOut"]))]
+        if pattern == "sweep_array":  # four array tasks, a trial each, each on its own one GPU
+            assert sorted(p["args"][-1] for p in seen) == ["0.01", "0.02", "0.05", "0.1"], report
+            assert all(p["world_size"] == 1 and len(p["gpus"]) == 1 for p in seen), report
+            continue
+        nodes = 2 if pattern.startswith("multi_node") else 1
+        seen.sort(key=lambda p: p["rank"])
+        assert [p["rank"] for p in seen] == list(range(4 * nodes)), (pattern, report)
+        assert {(p["world_size"], p["local_world_size"]) for p in seen} == {(4 * nodes, 4)}, (pattern, seen)
+        assert len({p["host"] for p in seen}) == nodes and len({p["rendezvous"] for p in seen}) == 1, (pattern, seen)
+        placed = place_ranks([RankView(p["host"], tuple(p["gpus"])) for p in seen], "cuda")
+        assert [d.device for d in placed] == [f"cuda:{p['local_rank']}" for p in seen], (pattern, placed, seen)
+    record = records[plain][0]
+    (result,) = plain_results(Path(record["StdOut"]))
+    assert result["world_size"] == 8 and result["local_world_size"] == 4 and result["ranks_agree"], result
+
+
+@needs_cluster
+def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_a_search(other_centre, tmp_path):
+    """The other centre's Ray pattern (32 cores a node: one trial of 32 CPUs per node) starts where the first import
+    of Ray's agent on a node takes 17 s (tests/slow_imports: a cold Lustre; Ray 2.60's raylet gives the agent
+    15 s). The course's search is told to wait for one node only (--nodes 1), so the nodes it finds at its
+    first line are those the job script waited for: every node, as any Ray script of a researcher's would see
+    them. Its trials spread over both nodes and save into the RUN_DIR the job made; Slurm's warning stops the
+    search, the job requeues, and the next start finishes the search from its folder. No Ray process is left.
+    (FT3's and Frontera's scripts are the same template with other #SBATCH lines: sbatch --test-only above; a
+    request no node holds: tests/test_tune.py.)"""
+    cluster, _, scripts = other_centre
+    search = ("--model cnn --epochs 3 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
+              "--cpus-per-trial 32 --held-out 200 --scheduler fifo --nodes 1")
+    env = {"COURSE_RUNS": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "tests" / "slow_imports"),
+           "TRAIN_ARGS": search, **ONE_THREAD}
+    job = slurm.sbatch(scripts / "multi_node_ray.sbatch", env=env)
+    search_dir = tmp_path / f"othercentre-multi-node-ray-{job}" / "tune" / "search"
+
+    def first_trial_reported() -> bool:
+        assert (slurm.job_records(job) or [{}])[0].get("JobState") in ("PENDING", "CONFIGURING", "RUNNING")
+        return any(search_dir.glob("*/checkpoint_*"))
+
+    wait_until(first_trial_reported, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
+               interval_s=0.5)
+    slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
+    slurm.wait_requeued(job)
+    slurm.release(job)
+    records = slurm.wait([job], timeout_s=900)
+
+    record = records[job][0]
+    report = cluster.job_report(job, records[job])
+    assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "1"), report
+    stopped, final = results_in_log(record["StdOut"])
+    assert len(stopped["nodes"]) == 2 and len(final["nodes"]) == 2, "each start's script found both nodes joined"
+    assert stopped["stopped"] and not final["stopped"] and final["trials"] == 2 and final["errored"] == 0, report
+    assert all(s == "completed" for s in final["statuses"]) and final["hosts"] == ["cnode1", "cnode2"], final
+    assert Path(final["path"]) == search_dir, final["path"]
+    _no_ray_left(job)
