@@ -23,7 +23,8 @@ import torch
 from course_utils.devices import (PlacementError, RankView, VisibleGpu, cuda_unusable_note, gpu_ids, gpus_bound,
                                   node_device, place_ranks)
 from course_utils import precision
-from course_utils.lit import LaunchMismatch, plan_launch
+from course_utils.lit import LaunchMismatch, plan_launch, strategy_refused
+from lightning.fabric.strategies.deepspeed import _validate_device_index_selection
 from course_utils.precision import precision_for, resolve_precision, set_tf32, tf32_state
 
 # compute capabilities of the course's GPUs
@@ -144,7 +145,8 @@ def test_cuda_without_a_gpu_for_each_rank_stops_in_one_line():
 @pytest.mark.parametrize("env, bound", [
     ({}, False),
     ({"SLURM_GPUS_PER_TASK": "1"}, True),
-    ({"SLURM_GPU_BIND": "closest"}, True),          # COURSE_GPU_BIND=closest in course_job.sh
+    ({"SLURM_GPU_BIND": "single:1"}, True),         # COURSE_GPU_BIND=single:1 in course_job.sh
+    ({"SLURM_GPU_BIND": "closest"}, True),
     ({"SLURM_GPU_BIND": "map_gpu:0,1"}, True),
     ({"SLURM_GPU_BIND": "none"}, False),
     ({"SLURM_GPU_BIND": "none,verbose"}, False),
@@ -158,16 +160,37 @@ SRUN_2x2 = {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "
 
 
 @pytest.mark.parametrize("env, gpus, devices", [
-    ({**SRUN_2x2, "SLURM_LOCALID": "1"}, 2, ("cuda:1", "cuda:1")),  # every task sees both: GPU LOCALID
+    ({**SRUN_2x2, "SLURM_LOCALID": "1"}, 2, ("cuda:0", "cuda:1")),  # every task sees both: GPU LOCALID
     ({**SRUN_2x2, "SLURM_LOCALID": "1", "SLURM_GPUS_PER_TASK": "1"}, 1, ("cuda:0", "cuda:0")),
-    ({**SRUN_2x2, "SLURM_LOCALID": "1", "SLURM_GPU_BIND": "closest"}, 1, ("cuda:0", "cuda:0")),
-    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}, 4, ("cuda:3",) * 4),
+    ({**SRUN_2x2, "SLURM_LOCALID": "1", "SLURM_GPU_BIND": "single:1"}, 1, ("cuda:0", "cuda:0")),
+    ({"LOCAL_WORLD_SIZE": "4", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}, 4, ("cuda:0", "cuda:1", "cuda:2", "cuda:3")),
+    # torchrun in a JupyterLab job that Slurm started as one task: torchrun's layout, as Lightning reads it
+    ({"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "lab", "TORCHELASTIC_RUN_ID": "none", "LOCAL_WORLD_SIZE": "2",
+      "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, 2, ("cuda:0", "cuda:1")),
     ({}, 2, ("cuda:0",)),  # python train_lightning.py on a 2-GPU node: one process, one GPU
 ])
 def test_lightning_and_fabric_get_this_rank_s_gpu_from_the_policy(env, gpus, devices):
     plan = plan_launch("auto", None, None, gpus_visible=gpus, env=env)
     assert plan.accelerator == "gpu" and plan.parallel_devices == devices
-    assert plan.device == torch.device(devices[0]), "Lightning's root_device is parallel_devices[local_rank]"
+    assert plan.device == torch.device(devices[int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", 0)))]), \
+        "Lightning's root_device is parallel_devices[local_rank]"
+    bound = devices != tuple(f"cuda:{r}" for r in range(len(devices)))
+    try:  # what Lightning's DeepSpeed checks in fit(), after the data and the model are built
+        _validate_device_index_selection([torch.device(d) for d in devices])
+        accepted = True
+    except RuntimeError:
+        accepted = False
+    assert accepted is not bound and (strategy_refused("deepspeed_stage_2", plan) is None) is accepted
+    assert strategy_refused("ddp", plan) is None and strategy_refused("fsdp", plan) is None
+    if bound:
+        assert "without GPU binding" in strategy_refused("deepspeed_stage_2", plan)
+
+
+def test_a_task_bound_to_several_gpus_is_refused_to_a_framework_that_cannot_tell_which_is_its():
+    """--gpu-bind=closest on a node with two GPUs a socket: two tasks see the same two GPUs."""
+    with pytest.raises(PlacementError, match="single:1"):
+        node_device("auto", 4, 2, 1, bound=True)
+    assert node_device("cuda:1", 4, 2, 1, bound=True) == "cuda:1"  # named: taken as asked
 
 
 def test_lightning_starting_its_own_ranks_puts_rank_r_on_gpu_r():
@@ -358,6 +381,8 @@ def test_tf32_is_switched_with_the_api_torch_reads_and_read_back_without_error()
             assert tf32_state() == {"matmul": True, "conv": True}
             if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
                 assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            # what Lightning reads on every Ampere or later GPU at fit(): it raised after fp32_precision = "tf32"
+            assert torch.get_float32_matmul_precision() == "high"
             set_tf32(False)
             assert tf32_state() == {"matmul": False, "conv": False}
             from course_utils.hardware import environment_report
@@ -580,3 +605,19 @@ def test_the_horovod_script_is_valid_python_and_sets_its_gpu_before_using_it():
     for name, line in _calls(path):
         calls[name] = min(line, calls.get(name, line))
     assert calls["init"] < calls["set_device"] < calls["Linear"], "hvd.init, then the GPU, then the model"
+
+
+def test_a_pipeline_stage_waits_for_its_own_stream_not_the_whole_gpu(monkeypatch):
+    """torch's interleaved 1F1B posts the receives of later micro-batches early, on NCCL's streams: a
+    device-wide synchronize would wait for them too (for the neighbour's unrelated compute) and inflate the
+    bubble notebook 09 measures; the stage waits for the stream its input was ordered on."""
+    from course_utils import pipeline
+
+    synchronized = []
+    monkeypatch.setattr(torch.cuda, "synchronize", _forbidden("torch.cuda.synchronize (every stream of the GPU)"))
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: types.SimpleNamespace(synchronize=lambda: synchronized.append(device)))
+    pipeline.block_until_ready(types.SimpleNamespace(device=torch.device("cuda:1")))
+    assert synchronized == [torch.device("cuda:1")]
+    pipeline.block_until_ready(torch.zeros(1))  # gloo's wait() has blocked the CPU already
+    assert synchronized == [torch.device("cuda:1")]

@@ -114,18 +114,16 @@ def _new_tf32_api() -> bool:
 
 
 def _set_matmul_tf32(value: bool | str) -> None:
-    """TF32 in fp32 matmuls on or off (or a value read by :func:`_matmul_tf32`), with the API torch has."""
-    if _new_tf32_api():
-        torch.backends.cuda.matmul.fp32_precision = value if isinstance(value, str) else ("tf32" if value else "ieee")
-    else:  # pragma: no cover - torch < 2.9
-        torch.backends.cuda.matmul.allow_tf32 = bool(value)
+    """TF32 in fp32 matmuls on or off (or a value read by :func:`_matmul_tf32`), through
+    ``torch.set_float32_matmul_precision``: "high" sets the new API's matmul switches to tf32 and keeps
+    ``torch.get_float32_matmul_precision()`` readable. Lightning reads it on every Ampere or later GPU; after
+    ``cuda.matmul.fp32_precision = "tf32"`` set directly, torch 2.11 to 2.14 raise there (a mix of APIs)."""
+    torch.set_float32_matmul_precision(value if isinstance(value, str) else ("high" if value else "highest"))
 
 
-def _matmul_tf32() -> bool | str:
-    """The matmul switch as set, for :func:`_set_matmul_tf32` to put back (``"none"``: left to torch)."""
-    if _new_tf32_api():
-        return torch.backends.cuda.matmul.fp32_precision
-    return torch.backends.cuda.matmul.allow_tf32  # pragma: no cover - torch < 2.9
+def _matmul_tf32() -> str:
+    """The matmul switch as set, for :func:`_set_matmul_tf32` to put back."""
+    return torch.get_float32_matmul_precision()
 
 
 def set_tf32(enabled: bool | None) -> None:
@@ -134,8 +132,9 @@ def set_tf32(enabled: bool | None) -> None:
     A process-wide switch: 10 mantissa bits instead of 23 inside the matmul,
     fp32 everywhere else. ``None`` restores PyTorch's defaults (convolutions
     may use TF32, matmuls do not), which is what a textbook loop runs with.
-    It has no effect on CPUs or pre-Ampere GPUs. Uses ``fp32_precision`` where
-    torch has it, ``allow_tf32`` (deprecated in 2.9) where it does not.
+    It has no effect on CPUs or pre-Ampere GPUs. Matmuls through
+    ``torch.set_float32_matmul_precision``; convolutions through ``cudnn.conv.fp32_precision``
+    where torch has it, ``allow_tf32`` (deprecated in 2.9) where it does not.
     """
     conv = True if enabled is None else bool(enabled)
     _set_matmul_tf32(bool(enabled))
@@ -157,12 +156,10 @@ def set_math_switches(tf32: bool | None, cudnn_benchmark: bool) -> None:
 
 def tf32_state() -> dict[str, bool]:
     """Whether fp32 matmuls and convolutions may use TF32 now (read with the API :func:`set_tf32` writes)."""
-    matmul = _matmul_tf32()
-    if matmul == "none":  # not set: torch.set_float32_matmul_precision decides
-        matmul = torch.get_float32_matmul_precision() != "highest"
+    matmul = _matmul_tf32() != "highest"
     conv = torch.backends.cudnn.conv.fp32_precision in ("tf32", "none") if _new_tf32_api() \
         else torch.backends.cudnn.allow_tf32  # pragma: no cover - torch < 2.9
-    return {"matmul": matmul in (True, "tf32"), "conv": conv}
+    return {"matmul": matmul, "conv": conv}
 
 
 @contextlib.contextmanager
