@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from course_utils.launch import LaunchError, run_command, run_script
+from course_utils.launch import LaunchError, environment_kept, run_command, run_script
 
 
 @pytest.mark.parametrize(
@@ -134,3 +134,15 @@ def test_lab_on_a_compute_node_binds_loopback_on_a_free_port_and_prints_its_tunn
     command = next(line for line in run.lines if line.startswith("command: "))
     assert f"--port={tunnel.group(1)}" in command and "--ip=127.0.0.1" in command
     assert "token=''" not in command and "--ServerApp.token" not in command, "Jupyter's token stays on"
+
+
+def test_what_a_library_writes_into_the_kernel_s_environment_is_taken_back(monkeypatch):
+    """As Lightning's in-kernel launcher does: it sets MASTER_PORT (and could change a variable already there)."""
+    monkeypatch.setenv("COURSE_TEST_KEPT", "before")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    before = dict(os.environ)
+    with environment_kept():
+        os.environ["MASTER_PORT"] = "29500"
+        os.environ["COURSE_TEST_KEPT"] = "changed"
+        del os.environ["COURSE_TEST_KEPT"]
+    assert dict(os.environ) == before

@@ -290,6 +290,12 @@ def node_device(requested: str, ranks_on_node: int, gpus: int, local_rank: int, 
     requested = _check_requested(requested)
     if requested == "cpu":
         return "cpu"
+    if bound and gpus > 1 and not requested.startswith("cuda:"):
+        # --gpu-bind=closest shows a task every GPU near its cores: two tasks of a socket see the same two GPUs,
+        # and which one is whose is known only when the ranks compare (place_ranks, in the course's own scripts)
+        raise PlacementError(f"Slurm binds {gpus} GPUs to this task (--gpu-bind=closest, or --gpus-per-task="
+                             f"{gpus}), and a framework that forms its own group cannot tell which is this rank's: "
+                             "bind one GPU per task (COURSE_GPU_BIND=single:1, or --gpus-per-task=1) or none")
     if bound and gpus >= 1:
         if requested.startswith("cuda:") and int(requested[5:]) >= gpus:
             raise PlacementError(f"--device {requested}, but Slurm binds {gpus} GPU(s) to this task (cuda:0 to "

@@ -63,6 +63,19 @@ def script_path(name: str) -> Path:
 
 
 @contextlib.contextmanager
+def environment_kept() -> Iterator[None]:
+    """This process's environment, after the block, as it was before it, whatever the block wrote (Lightning's
+    in-kernel launcher sets MASTER_PORT in the kernel, and every later script would inherit it)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        os.environ.update(before)
+
+
+@contextlib.contextmanager
 def temporary_env(variables: Mapping[str, str]) -> Iterator[None]:
     """Set ``variables`` in this process's environment inside the block only.
 

@@ -209,8 +209,8 @@ class LaunchPlan:
     launcher: str  # slurm | torchrun | none (Lightning starts the processes itself)
     note: str = ""
     # the device of each local rank, handed to the strategy (parallel_devices) so that Lightning does
-    # not count GPUs itself: under a launcher only this rank's entry is used (cuda:0 when Slurm binds
-    # a GPU to each task, cuda:LOCAL_RANK when every task sees the node's GPUs)
+    # not count GPUs itself: cuda:0 ... cuda:N-1 when every rank sees the node's GPUs; cuda:0 for each when
+    # Slurm binds a GPU to each task (under a launcher Lightning reads this rank's entry only)
     parallel_devices: tuple[str, ...] = ()
     local_rank: int = 0  # this process's: parallel_devices[local_rank] is its device
 
@@ -249,8 +249,11 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
     local_rank = 0
     # Lightning reads Slurm's variables itself (its SLURMEnvironment: whenever SLURM_NTASKS is set outside an
     # interactive job and torchrun did not start the process, even behind slurm/lib/torch_env.sh), so these checks
-    # follow what Lightning will do, not the course's translation (torch_env.sh, process_group.detect_env)
-    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+    # follow what Lightning will do, not the course's translation (torch_env.sh, process_group.detect_env).
+    # Lightning asks torchrun first (TORCHELASTIC_RUN_ID): torchrun inside a Slurm job (a notebook's run_script in a
+    # JupyterLab job, idev) is torchrun's layout, not the job's tasks.
+    torchrun = "TORCHELASTIC_RUN_ID" in env
+    if not torchrun and "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         launcher = "slurm"
         if _slurm_int(env["SLURM_NTASKS"]) > 1 and "SLURM_STEP_NUM_TASKS" not in env:
             raise LaunchMismatch("this job has several tasks but the script was not started by srun, so Lightning "
@@ -286,9 +289,10 @@ def plan_launch(device: str, devices: int | None, num_nodes: int | None, gpus_vi
             f"{per_node} ranks per node but only {gpus} GPU(s): every rank runs on the CPU with gloo "
             "(NCCL never puts two ranks on one GPU)")
         return LaunchPlan("cpu", per_node, nodes, launcher, note, ("cpu",) * per_node, local_rank)
-    if launcher == "none":  # Lightning starts the ranks itself, each sees every GPU: rank r takes GPU r
+    if launcher == "none" or mine == f"cuda:{local_rank}" and not bound:
+        # every rank sees the node's GPUs: rank r takes GPU r (and Lightning's DeepSpeed checks exactly that)
         placed = tuple(f"cuda:{r}" for r in range(per_node))
-    else:  # only this rank's entry is read (Lightning's root_device is parallel_devices[local_rank])
+    else:  # bound: each task's own GPU is its cuda:0; only this rank's entry is read (root_device)
         placed = (mine,) * per_node
     return LaunchPlan("gpu", per_node, nodes, launcher, "", placed, local_rank)
 
@@ -363,6 +367,13 @@ def strategy_refused(strategy: str, plan: LaunchPlan) -> str | None:
         instead = "train_fsdp.py (FSDP2)" if strategy == "fsdp" else "train_deepspeed.py"
         return (f"--strategy {strategy}: Lightning runs it on CUDA GPUs only, and this run is on {plan.device}; "
                 f"scripts/{instead} shards the same model on CPUs too (notebook 07)")
+    indices = [torch.device(d).index for d in plan.parallel_devices]
+    if strategy.startswith("deepspeed") and indices != list(range(len(indices))):
+        # DeepSpeedStrategy.setup_distributed refuses it in fit(), after the data and the model are built
+        return (f"--strategy {strategy}: Lightning's DeepSpeed wants local rank r on GPU r of the GPUs every rank "
+                f"sees, and this node's ranks are on {', '.join(plan.parallel_devices)} (Slurm binds a GPU to each "
+                "task, or --device names one): submit without GPU binding (no --gpus-per-task, no COURSE_GPU_BIND), "
+                "or use --strategy ddp or fsdp")
     return None
 
 

@@ -110,9 +110,10 @@ course_run_requeueable() {
 if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
     export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"
 fi
-# Optional GPU binding for srun (e.g. COURSE_GPU_BIND=closest where the cluster's gres.conf
-# records GPU affinity): each task then sees only its own GPU, as its cuda:0. Every course script
-# handles both: those that form their own process group compare GPU UUIDs across ranks
+# Optional GPU binding for srun (COURSE_GPU_BIND=single:1 where the cluster's gres.conf records GPU
+# affinity): each task then sees only its own GPU, the one nearest its cores, as its cuda:0. (closest
+# shows a task every GPU of its socket: two tasks see the same two.) Every course script handles it:
+# those that form their own process group compare GPU UUIDs across ranks
 # (course_utils.process_group.init_distributed), Lightning and Fabric read the binding from Slurm's
 # variables (course_utils.lit.plan_launch); a script that picks cuda:$LOCAL_RANK does not.
 if [[ -n "${COURSE_GPU_BIND:-}" ]]; then
