@@ -348,7 +348,7 @@ COVERED = {
            "POPULATION": "test_08_tune", "pbt_base / TrainConfig() / ** / epochs:": "test_08_tune",
            "ddp_base / TrainConfig() / ** / epochs:": "test_08_tune"},
     "09": {"pipe_run / run_script(train_pipeline.py) / timeout_s=": "test_09_pipeline",
-           "TP_SHAPE": "test_09_tensor_parallel", "tp_run / run_script(train_tp.py) / timeout_s=":
+           "TP_SHAPE": "test_09_tensor_parallel", "TP2D": "test_09_tensor_parallel", "tp_run / run_script(train_tp.py) / timeout_s=":
                "test_09_tensor_parallel",
            "rpc_run / run_script(rpc_param_server.py) / --steps": "test_09_rpc",
            "assert / sorted(server['steps'].values()) ==": "test_09_rpc"},
@@ -828,8 +828,12 @@ def test_09_tensor_parallel(full):
     t = full.target
     tp_plan = full.value("09", "TP")
     assert tp_plan.device == "cpu" or tp_plan.nproc <= t.gpus_per_node
-    shape = full.value("09", "TP_SHAPE", TP=tp_plan)
+    shape = full.value("09", "TP_SHAPE", TP=tp_plan, TP_CI_SHAPE=full.value("09", "TP_CI_SHAPE"))
     tp_size = flag_constant("09", "--tp-size")
+    # section 4's 2-D layout needs a data-parallel dimension on every target: 4 ranks, on the CPU where TP has 2
+    two_d = full.value("09", "TP2D", TP=tp_plan)
+    assert two_d.nproc >= 2 * tp_size and two_d.nproc % tp_size == 0, two_d
+    assert two_d is tp_plan or (two_d.device == "cpu" and tp_plan.nproc == tp_size), (two_d, tp_plan)
     args = script_module("train_tp.py").build_parser().parse_args([str(a) for a in shape])
     # train_tp.py's own condition (it refuses otherwise), and whole attention heads
     ranks = tp_plan.nproc

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .timing import sync
 
 SCHEDULES = ("gpipe", "1f1b")  # one stage per rank: what --train runs
 TIMED = (*SCHEDULES, "interleaved")  # and 1F1B over several model chunks per rank, timed beside them
@@ -85,8 +84,11 @@ def block_until_ready(x: torch.Tensor) -> None:
     """Hold the CPU until ``x`` is computed and received. Under NCCL a received activation's
     ``Work.wait()`` makes the GPU's stream wait, not the CPU: a compute simulated by a CPU sleep would
     start before its input arrived, the stages' sleeps would overlap, and the bubble would measure 0.
-    (With gloo, ``wait()`` has blocked the CPU already.)"""
-    sync(x.device)
+    So the CPU waits for this stream, not the whole GPU: torch's interleaved schedule posts the receives of
+    later micro-batches early, on NCCL's streams, and ``torch.cuda.synchronize`` would wait for those too
+    (for the neighbour's unrelated compute), inflating the bubble. (With gloo, ``wait()`` has blocked the CPU.)"""
+    if x.device.type == "cuda":
+        torch.cuda.current_stream(x.device).synchronize()
 
 
 class SimulatedWork(torch.autograd.Function):
