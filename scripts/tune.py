@@ -63,6 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def unfit(args: argparse.Namespace, nodes: list[dict[str, float]]) -> str | None:
+    """Why Ray would wait for ever with these nodes: a trial (a DDP trial's worker) no node holds, or a DDP
+    trial whose workers do not all fit at once."""
+    return tuning.unfit_request(args.cpus_per_trial, args.gpus_per_trial, nodes) or (
+        tuning.unfit_ddp_trial(args.workers_per_trial, args.cpus_per_trial, args.gpus_per_trial, nodes)
+        if args.workers_per_trial > 1 else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             tuning.pbt_refused(args.scheduler, args.searcher, args.workers_per_trial)
         if not (warning or args.address or os.environ.get("RAY_ADDRESS")):
             # the Ray this script would start is this machine: a request it cannot hold is refused before it starts
-            warning = tuning.unfit_request(args.cpus_per_trial, args.gpus_per_trial, [tuning.this_machine()])
+            warning = unfit(args, [tuning.this_machine()])
         if warning:
             raise ValueError(warning)
     except ValueError as exc:
@@ -82,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resources = tuning.start_ray(args.address, quiet=False)
         nodes = tuning.wait_for_nodes(args.nodes)
-        unfit = tuning.unfit_request(args.cpus_per_trial, args.gpus_per_trial, tuning.node_resources())
-        if unfit:
-            raise ValueError(unfit)
+        refused = unfit(args, tuning.node_resources())
+        if refused:
+            raise ValueError(refused)
     except (ConnectionError, TimeoutError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

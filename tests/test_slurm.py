@@ -681,5 +681,7 @@ def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_
     assert len(stopped["nodes"]) == 2 and len(final["nodes"]) == 2, "each start's script found both nodes joined"
     assert stopped["stopped"] and not final["stopped"] and final["trials"] == 2 and final["errored"] == 0, report
     assert all(s == "completed" for s in final["statuses"]) and final["hosts"] == ["cnode1", "cnode2"], final
+    # trials of no GPU on nodes of 4: Ray hid the node's GPUs (CUDA_VISIBLE_DEVICES empty), not left them "0,1,2,3"
+    assert final["gpus_seen"] == ["none"], final
     assert Path(final["path"]) == search_dir, final["path"]
     _no_ray_left(job)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from course_utils.launch import LaunchError, run_script
-from course_utils.tuning import unfit_request
+from course_utils.tuning import trials_per_node, unfit_ddp_trial, unfit_request
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
@@ -18,11 +18,27 @@ def test_a_request_no_node_can_hold_is_named_with_the_largest_node():
     assert unfit_request(4, 1, nodes) and unfit_request(4, 0.5, [{"CPU": 64, "GPU": 2}]) is None
 
 
+def test_a_ddp_trial_whose_workers_do_not_all_fit_at_once_is_named():
+    """Each worker fits a node, the trial does not: Ray Train would wait for its workers for ever."""
+    ft3_job = [{"CPU": 64, "GPU": 2}, {"CPU": 64, "GPU": 2}]
+    assert unfit_ddp_trial(4, 8, 1, ft3_job) is None  # 4 GPUs in two nodes
+    why = unfit_ddp_trial(2, 4, 1, [{"CPU": 8, "GPU": 1}])  # a 1-GPU portal node
+    assert why and "2 workers, each 4 CPUs and 1 GPUs" in why and "8 CPUs + 1 GPUs" in why, why
+    assert unfit_ddp_trial(4, 8, 1, ft3_job[:1]) and unfit_ddp_trial(2, 8, 1, ft3_job[:1]) is None
+
+
+def test_fractions_of_a_gpu_are_counted_as_ray_counts_them():
+    """Ray's units are 1/10000: five trials of 0.2 GPU share a GPU (float division says 1 // 0.2 == 4)."""
+    assert [trials_per_node(64, 1, 1, g) for g in (0.2, 0.1, 0.4, 0.5, 1)] == [5, 10, 2, 2, 1]
+    assert trials_per_node(1, 0, 0.1, 0) == 10
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--address", "127.0.0.1:9"], "no Ray is listening at 127.0.0.1:9"),
     (["--gpus-per-trial", "1"], "and the largest of the 1 Ray node(s) has"),
     (["--scheduler", "pbt", "--searcher", "optuna"], "scheduler pbt runs single-process trials drawn at random"),
-], ids=["address-where-no-ray-listens", "gpus-per-trial-without-a-gpu", "pbt-with-tpe"])
+    (["--workers-per-trial", "64"], "a DDP trial of 64 workers, each 1 CPUs and 0 GPUs, fits nowhere"),
+], ids=["address-where-no-ray-listens", "gpus-per-trial-without-a-gpu", "pbt-with-tpe", "ddp-trial-too-big"])
 def test_tune_stops_in_one_line(flags, says, tmp_path):
     if "--gpus-per-trial" in flags and torch.cuda.device_count():
         pytest.skip("this machine has a GPU: a trial of one GPU fits")

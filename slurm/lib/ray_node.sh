@@ -28,6 +28,9 @@ print(*(s.getsockname()[1] for s in socks))')
 # still fails is tried again after a wait that doubles (5 s, 10 s, ... at most 60 s), for as long as RAY_START_TIMEOUT
 # (seconds since this step began, default 600) allows: a busy spell passes, and each try finds more files cached.
 export RAY_agent_register_timeout_ms="${RAY_agent_register_timeout_ms:-300000}"
+# A task or trial given no GPU sees none, in any Ray script (Ray 2.60 would leave it this node's CUDA_VISIBLE_DEVICES:
+# it would take GPU 0 beside the trials given GPUs; ray issue #54868)
+export RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1
 args=(--block --temp-dir "$temp" --num-cpus "${SLURM_CPUS_PER_TASK:-1}" --disable-usage-stats
       --node-ip-address "$(python -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')"
       --dashboard-agent-listen-port "${port[0]}" --dashboard-agent-grpc-port "${port[1]}"

@@ -52,6 +52,7 @@ from .search import (  # noqa: F401
     space,
     this_machine,
     trials_per_node,
+    unfit_ddp_trial,
     unfit_request,
 )
 from .report import (  # noqa: F401

@@ -28,6 +28,11 @@ def auth_env() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
 
 
+# Every task, trial and Ray Train worker of the course's searches: one given no GPU sees none. Ray 2.60 leaves such a
+# process the node's CUDA_VISIBLE_DEVICES (ray issue #54868), so a CPU trial would train on GPU 0 beside the GPU trials.
+TRIAL_ENV = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "1"}
+
+
 def start_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
               quiet: bool = True) -> dict[str, float]:
     """Join the Ray cluster at ``address`` (or ``$RAY_ADDRESS``), or start one here; its resources.
@@ -56,10 +61,10 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, num_gpus:
             why = unreachable(address)
             if why:
                 raise ConnectionError(why)
-            ray.init(address=address, log_to_driver=not quiet)
+            ray.init(address=address, log_to_driver=not quiet, runtime_env={"env_vars": TRIAL_ENV})
         else:
             ray.init(num_cpus=num_cpus or usable_cores(), num_gpus=num_gpus, include_dashboard=False,
-                     _temp_dir=ray_temp_dir(), log_to_driver=not quiet)
+                     _temp_dir=ray_temp_dir(), log_to_driver=not quiet, runtime_env={"env_vars": TRIAL_ENV})
     return {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
 
 

@@ -35,7 +35,8 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
         if frame is None or frame.empty:
             rows.append({"trial": trial.trial_id, "config": config, "epochs": 0,
                          "val_loss": [], "val_acc": [], "best_val_loss": math.nan, "best_val_acc": math.nan,
-                         "status": status(trial.status, 0, max_epochs), "hosts": [], "reported": [], "lr": [], "at_epoch": [], "starts": 0, "checkpoint_epoch": None,
+                         "status": status(trial.status, 0, max_epochs), "hosts": [], "gpus_seen": [],
+                         "reported": [], "lr": [], "at_epoch": [], "starts": 0, "checkpoint_epoch": None,
                          "failures": trial.num_failures,
                          "tag": trial.experiment_tag, "start": math.nan, "end": math.nan})
             continue
@@ -59,6 +60,7 @@ def trials(grid: Any, max_epochs: int) -> list[dict[str, Any]]:
             "checkpoint_epoch": _checkpoint_epoch(result),
             "tag": trial.experiment_tag,
             "workers": int(frame["workers"].iloc[-1]) if "workers" in frame else 1,
+            "gpus_seen": sorted({str(g) for g in frame["gpus_seen"]}) if "gpus_seen" in frame else [],
             "start": float(frame["started"].iloc[0]),
             "end": float(frame["now"].iloc[-1]),
         })
@@ -135,7 +137,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"trials": len(rows), "stopped_early": sum(r["status"] == "stopped early" for r in rows),
             "errored": sum(r["status"] == "errored" for r in rows), "epochs": sum(r["epochs"] for r in rows),
             "best_val_loss": best.get("best_val_loss"), "best_val_acc": best.get("best_val_acc"),
-            "best_config": best.get("config"), "hosts": sorted({h for r in rows for h in r["hosts"]})}
+            "best_config": best.get("config"), "hosts": sorted({h for r in rows for h in r["hosts"]}),
+            "gpus_seen": sorted({g for r in rows for g in r.get("gpus_seen", [])})}
 
 
 def table(rows: list[dict[str, Any]], keys: Sequence[str] | None = None) -> str:

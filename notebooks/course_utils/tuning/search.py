@@ -46,13 +46,18 @@ def gpu_share_warning(workers: int, gpus_per_worker: float) -> str | None:
 def trials_per_node(cpus: float, gpus: float, trial_cpus: float, trial_gpus: float) -> int:
     """How many trials asking (``trial_cpus``, ``trial_gpus``) Ray fits on a node with ``cpus`` and ``gpus``.
 
-    A fraction of a GPU stays on one GPU: trials of 0.4 GPU fit two per GPU, not 2.5.
+    A fraction of a GPU stays on one GPU: trials of 0.4 GPU fit two per GPU, not 2.5. Counted in Ray's units of
+    1/10000 (its resource granularity), as Ray counts: 0.2 GPU fits five per GPU, where float division says four.
     """
-    fit = int(cpus // trial_cpus) if trial_cpus else 10**9
+    fit = _units(cpus) // _units(trial_cpus) if _units(trial_cpus) else 10**9
     if trial_gpus:
-        per_gpu = int(1 // trial_gpus) if trial_gpus < 1 else 1
+        per_gpu = _units(1) // _units(trial_gpus) if trial_gpus < 1 else 1
         fit = min(fit, int(gpus // max(trial_gpus, 1)) * per_gpu)
     return fit
+
+
+def _units(amount: float) -> int:
+    return round(amount * 10_000)  # ray_constants.MIN_RESOURCE_GRANULARITY = 0.0001
 
 
 def unfit_request(cpus: float, gpus: float, nodes: Sequence[dict[str, float]]) -> str | None:
@@ -83,9 +88,20 @@ def node_resources() -> list[dict[str, float]]:
     return [{"CPU": n["Resources"].get("CPU", 0), "GPU": n["Resources"].get("GPU", 0)} for n in ray.nodes() if n["Alive"]]
 
 
-def fitting_trials(workers: int, cpus: float, gpus: float) -> int:
-    """How many trials of ``workers`` x (``cpus``, ``gpus``) the running Ray cluster holds at once, node by node."""
-    return sum(trials_per_node(n["CPU"], n["GPU"], cpus, gpus) for n in node_resources()) // workers
+def fitting_trials(workers: int, cpus: float, gpus: float, nodes: Sequence[dict[str, float]]) -> int:
+    """How many trials of ``workers`` x (``cpus``, ``gpus``) ``nodes`` (a Ray cluster's) hold at once."""
+    return sum(trials_per_node(n.get("CPU", 0), n.get("GPU", 0), cpus, gpus) for n in nodes) // workers
+
+
+def unfit_ddp_trial(workers: int, cpus: float, gpus: float, nodes: Sequence[dict[str, float]]) -> str | None:
+    """Why not even one DDP trial of ``workers`` x (``cpus``, ``gpus``) fits in ``nodes``, or None. Ray Train would
+    not say so: without an autoscaler it waits 60 s for its workers, then tries again, for ever."""
+    if fitting_trials(workers, cpus, gpus, nodes):
+        return None
+    have = ", ".join(f"{n.get('CPU', 0):g} CPUs + {n.get('GPU', 0):g} GPUs" for n in nodes)
+    return (f"a DDP trial of {workers} workers, each {cpus:g} CPUs and {gpus:g} GPUs, fits nowhere in this Ray "
+            f"cluster ({len(nodes)} node(s): {have}): use fewer --workers-per-trial or smaller requests, or ask "
+            "Slurm for more nodes")
 
 
 def pbt_refused(scheduler: str, searcher: str, workers: int) -> str | None:
@@ -134,8 +150,12 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
         trainable = tune.with_resources(ddp_trial, {"cpu": 0, "memory": 64 << 20})
         param_space = {**param_space, "workers": workers, "cpus_per_worker": cpus_per_trial,
                        "gpus_per_worker": gpus_per_trial, "storage": str(storage / f"{name}-workers")}
+        nodes = node_resources()
+        unfit = unfit_ddp_trial(workers, cpus_per_trial, gpus_per_trial, nodes)
+        if unfit:
+            raise ValueError(unfit)
         if max_concurrent is None:  # else every trial's Ray Train waits for workers the others hold, and times out
-            max_concurrent = max(1, fitting_trials(workers, cpus_per_trial, gpus_per_trial))
+            max_concurrent = fitting_trials(workers, cpus_per_trial, gpus_per_trial, nodes)
     else:
         trainable = tune.with_resources(tune_trial, {"cpu": cpus_per_trial, "gpu": gpus_per_trial})
     if fresh:

@@ -3,6 +3,7 @@ each epoch with the checkpoint it has just written; a DDP trial through Ray Trai
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -58,7 +59,9 @@ def train_one(params: dict[str, Any], device: torch.device, workdir: str, report
                 # a DDP trial's proof: identical replicas (a collective: every worker reports at this point;
                 # True without a process group), and each worker's share of the images, not all of them
                 "ranks_agree": ranks_agree(trainer.model), "batches": len(trainer.train_loader),
-                "device": str(device), "started": started, "now": time.time()}, workdir)
+                "device": str(device), "started": started, "now": time.time(),
+                # what Ray gave the process: its GPUs' ids, "none" (a trial given no GPU), "unset" (the node's)
+                "gpus_seen": os.environ.get("CUDA_VISIBLE_DEVICES", "unset") or "none"}, workdir)
 
     trainer.epoch_callback = epoch_done
     trainer.fit()
@@ -95,8 +98,8 @@ def tune_trial(params: dict[str, Any]) -> None:
         def report(metrics: dict[str, Any], folder: str) -> None:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
-        # Ray sets CUDA_VISIBLE_DEVICES to the trial's GPUs (none: the CPU).
-        train_one(params, choose_device("auto"), work, report)
+        # Ray sets CUDA_VISIBLE_DEVICES to the trial's GPUs, empty where it gave none (start_ray's TRIAL_ENV)
+        train_one(params, choose_device(trial_settings(params)[0].device), work, report)
 
 
 def _ddp_worker(params: dict[str, Any]) -> None:
