@@ -33,6 +33,7 @@ from course_utils.results import emit_result
 from course_utils.rng import rng_state, set_rng_state
 from course_utils.sharding import (
     add_sharding_args,
+    deepspeed_device_env,
     deepspeed_env,
     ds_config,
     start_counting_collectives,
@@ -61,6 +62,7 @@ cfg = in_run_dir(config_from_args(args), logs=False)  # in a course Slurm job: R
 # the course's door forms the group (this rank's GPU set before it exists); DeepSpeed then uses that group
 info, device, precision = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.activation_checkpointing)
 os.environ.update(deepspeed_env(use_gpu=device.type == "cuda"))
+os.environ.update(deepspeed_device_env(device, os.environ))  # DeepSpeed sets the device from LOCAL_RANK itself
 import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)
 
 deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")  # one process: a group of one

@@ -157,6 +157,12 @@ for epoch in range(first_epoch, cfg.epochs):
                                               "world_size": world, "config": asdict(cfg), "rng": rng_state_json()})
 
 memory = fsdp_memory(model, optimizer, grad_bytes)
+# FSDP2 splits each tensor by rows (torch.chunk): where the rows are not a multiple of N the first ranks hold one more
+# (the 10-class head on 4 ranks: 3, 3, 3, 1 rows), so rank 0's bytes exceed psi/N; their mean over the ranks is it
+parts = ("params", "gradients", "optimizer")
+held = torch.tensor([float(memory[k]) for k in parts], dtype=torch.float64, device=device)
+dist.all_reduce(held)
+memory.update({k: held[i].item() / world for i, k in enumerate(parts)})
 allocated = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
 val_loss, val_acc = evaluate(model, val_loader, device)  # the policy casts to bf16 already
 for unit in model.modules():  # without --reshard-after-forward the last forward left the weights gathered

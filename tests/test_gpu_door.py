@@ -621,3 +621,13 @@ def test_a_pipeline_stage_waits_for_its_own_stream_not_the_whole_gpu(monkeypatch
     assert synchronized == [torch.device("cuda:1")]
     pipeline.block_until_ready(torch.zeros(1))  # gloo's wait() has blocked the CPU already
     assert synchronized == [torch.device("cuda:1")]
+
+
+def test_deepspeed_sets_the_gpu_the_course_placed_the_rank_on():
+    """deepspeed.initialize calls set_device(int(LOCAL_RANK)): with Slurm binding a GPU to each task, task 1 of a
+    node is on its own cuda:0 while LOCAL_RANK says 1."""
+    from course_utils.sharding import deepspeed_device_env
+
+    assert deepspeed_device_env(torch.device("cuda:0"), {"LOCAL_RANK": "1"}) == {"LOCAL_RANK": "0"}  # bound
+    assert deepspeed_device_env(torch.device("cuda:1"), {"LOCAL_RANK": "1"}) == {}  # torchrun: rank k on GPU k
+    assert deepspeed_device_env(torch.device("cpu"), {"LOCAL_RANK": "1"}) == {}

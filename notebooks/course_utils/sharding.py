@@ -204,6 +204,16 @@ def deepspeed_env(use_gpu: bool, environ: Mapping[str, str] | None = None) -> di
     return missing
 
 
+def deepspeed_device_env(device: torch.device, environ: Mapping[str, str]) -> dict[str, str]:
+    """``LOCAL_RANK`` as DeepSpeed must read it (returned, not set): ``deepspeed.initialize`` (and ZeRO-3's
+    ``Init``) calls ``set_device(int(LOCAL_RANK))`` itself, after the course placed this rank on ``device``.
+    Where Slurm binds a GPU to each task, that is every task's ``cuda:0`` while ``LOCAL_RANK`` is the task's
+    place on its node: DeepSpeed would ask for a GPU the task cannot see ("invalid device ordinal")."""
+    if device.type != "cuda" or device.index is None or environ.get("LOCAL_RANK") == str(device.index):
+        return {}
+    return {"LOCAL_RANK": str(device.index)}
+
+
 def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload: bool = False,
               clip: float = 1.0, bucket_elements: int = 2_000_000, use_gpu: bool = False) -> dict[str, Any]:
     """The DeepSpeed configuration of a course run (notebook 07 explains it field by field)."""
