@@ -451,10 +451,10 @@ def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
 def warm_deepspeed_ops() -> None:
     """Build the C++ ops DeepSpeed compiles on first use on this machine, once per environment
     (``make setup`` runs this, so that no notebook or test pays the build, and no two ranks race for it).
-    Here that is the CPU accelerator's shared-memory collectives; a GPU node builds nothing."""
-    import torch
-
-    os.environ.update(deepspeed_env(use_gpu=torch.cuda.device_count() > 0))  # (make setup's own process)
+    That is the CPU accelerator's shared-memory collectives, on a GPU node too: notebook 07 runs its ranks on the
+    CPU wherever a node has fewer GPUs than ranks (a 1-GPU portal, one H100), and the CUDA accelerator has no such op.
+    """
+    os.environ.update(deepspeed_env(use_gpu=False))  # (make setup's own process)
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
 
