@@ -348,7 +348,7 @@ COVERED = {
            "POPULATION": "test_08_tune", "pbt_base / TrainConfig() / ** / epochs:": "test_08_tune",
            "ddp_base / TrainConfig() / ** / epochs:": "test_08_tune"},
     "09": {"pipe_run / run_script(train_pipeline.py) / timeout_s=": "test_09_pipeline",
-           "TP_SHAPE": "test_09_tensor_parallel", "TP2D": "test_09_tensor_parallel", "tp_run / run_script(train_tp.py) / timeout_s=":
+           "TP_SHAPE": "test_09_tensor_parallel", "tp_run / run_script(train_tp.py) / timeout_s=":
                "test_09_tensor_parallel",
            "rpc_run / run_script(rpc_param_server.py) / --steps": "test_09_rpc",
            "assert / sorted(server['steps'].values()) ==": "test_09_rpc"},
