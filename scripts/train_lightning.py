@@ -106,6 +106,11 @@ def train(cfg: TrainConfig, plan: LaunchPlan, strategy: str, train_ds: Dataset, 
     except CheckpointError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except torch.distributed.DistNetworkError as exc:  # Lightning forms the group in fit(): rank 0 listens there
+        if not cdist.listen_failure(exc):
+            raise
+        print(f"error: {cdist.listen_failure(exc)}", file=sys.stderr, flush=True)
+        return 2
     except StopTraining as stop:  # Slurm's warning: last.ckpt is written, the batch script requeues
         cdist.print0(f"{stop}; {cfg.ckpt_dir or 'no --ckpt-dir'}/last.ckpt written")
     seconds = time.perf_counter() - start

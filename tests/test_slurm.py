@@ -180,8 +180,16 @@ def _processes_naming(text: str) -> list[str]:
 
 
 def _no_ray_left(job: int) -> None:
-    left = _processes_naming(f"/tmp/ray-{job}-")
-    assert left == [], "Ray processes of the job outlived it:\n" + "\n".join(left)
+    """Nothing of the job's Ray outlives it. The job's batch script returns only once its nodes' Ray has ended
+    (slurm/lib/ray_node.sh); the wait here covers a process the kernel has not yet reaped, not a leak."""
+    left: list[str] = []
+
+    def none_left() -> bool:
+        left[:] = _processes_naming(f"/tmp/ray-{job}-")
+        return not left
+
+    wait_until(none_left, 10, lambda: AssertionError("Ray processes of the job outlived it by 10 s:\n" + "\n".join(left)),
+               interval_s=0.2)
     for node in ("cnode1", "cnode2"):
         shutil.rmtree(f"/tmp/ray-{job}-{node}", ignore_errors=True)
 
@@ -200,25 +208,95 @@ def test_jobs_on_the_test_cluster_run_a_thread_per_process_unless_told(cluster, 
 
 
 @needs_cluster
-def test_two_jobs_on_the_same_first_node_at_once_use_different_ports(cluster):
+def test_two_jobs_on_the_same_first_node_at_once_use_different_ports_and_a_port_taken_is_not_used(cluster):
+    """Each job's rendezvous port is free on its first node and below the ports the kernel hands to outgoing
+    connections (nothing but another listener can take it before rank 0 listens); the second job asks for a port
+    another process of cnode1 holds (COURSE_MASTER_PORT) and starts anyway, on another, saying so in its log."""
     script = REPO_ROOT / "slurm" / "generic" / "multi_node_srun.sbatch"
-    # whoami.py joins the group (rank 0 serves the rendezvous on the job's port) and prints who it is: what
-    # a clash needs, without the training
-    env = {"TRAIN_SCRIPT": str(REPO_ROOT / "scripts" / "whoami.py"), "TRAIN_ARGS": "", **ONE_THREAD}
-    jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env=env) for _ in range(2)]
-    records = slurm.wait(jobs, timeout_s=600)
+    holder = subprocess.Popen(["ip", "netns", "exec", "cnode1", sys.executable, "-c", HOLD_A_PORT],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        held = int(holder.stdout.readline())
+        # whoami.py joins the group (rank 0 serves the rendezvous on the job's port) and prints who it is: what
+        # a clash needs, without the training
+        env = {"TRAIN_SCRIPT": str(REPO_ROOT / "scripts" / "whoami.py"), "TRAIN_ARGS": "", **ONE_THREAD}
+        jobs = [slurm.sbatch(script, "--nodelist=cnode1,cnode2", env={**env, **extra})
+                for extra in ({}, {"COURSE_MASTER_PORT": str(held)})]
+        records = slurm.wait(jobs, timeout_s=600)
+    finally:
+        holder.kill()
     ports, windows = [], []
     for job in jobs:
         rec = records[job][0]
         report = cluster.job_report(job, records[job])
         assert (rec["JobState"], rec["ExitCode"]) == ("COMPLETED", "0:0"), report
-        line = next(x for x in Path(rec["StdOut"]).read_text().splitlines() if "; rendezvous " in x)
+        log = Path(rec["StdOut"]).read_text()
+        line = next(x for x in log.splitlines() if "; rendezvous " in x)
         host, port = line.rsplit("rendezvous ", 1)[1].split(":")
-        assert host == "cnode1", report
+        assert host == "cnode1" and int(port) < int(Path(RANGE_FILE).read_text().split()[0]), report
         ports.append(int(port))
         windows.append((rec["StartTime"], rec["EndTime"]))
     assert windows[0][0] <= windows[1][1] and windows[1][0] <= windows[0][1], f"the jobs did not overlap: {windows}"
     assert ports[0] != ports[1], f"both jobs listened on port {ports[0]} of cnode1"
+    assert ports[1] != held and f"COURSE_MASTER_PORT={held} is in use on cnode1: using another" in log, log
+
+
+RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+# A listener on a port below the ephemeral range, as another job's rank 0 would hold it; prints the port
+HOLD_A_PORT = """import random, socket, time
+s = socket.socket()
+while True:
+    try:
+        s.bind(("", random.randrange(21000, 31000)))
+        break
+    except OSError:
+        pass
+s.listen()
+print(s.getsockname()[1], flush=True)
+time.sleep(900)
+"""
+
+
+def test_a_rendezvous_port_is_drawn_below_the_ephemeral_range_and_a_port_taken_is_replaced(capsys):
+    """slurm/lib/rendezvous_port.py, as course_rendezvous and ray_node.sh call it: distinct free ports below the
+    range the kernel gives outgoing connections; the wanted one where it is free, another and a note where not."""
+    spec = importlib.util.spec_from_file_location("rendezvous_port", REPO_ROOT / "slurm" / "lib" / "rendezvous_port.py")
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    taken = {20000 + i for i in range(0, 12000, 2)}  # every other port held
+    ports, note = rp.choose(5, wanted=24000, top=32000, free=lambda p: p not in taken)
+    assert len(set(ports)) == 5 and all(rp.LOWEST <= p < 32000 and p not in taken for p in ports), ports
+    assert note and "COURSE_MASTER_PORT=24000 is in use" in note, note
+    assert rp.choose(1, wanted=24001, top=32000, free=lambda p: p not in taken) == ([24001], None)
+    with socket.socket() as s:  # the real thing: a port held here
+        s.bind(("", 0))
+        s.listen()
+        held = s.getsockname()[1]
+        out = subprocess.run([sys.executable, str(REPO_ROOT / "slurm" / "lib" / "rendezvous_port.py"), "--wanted",
+                              str(held)], capture_output=True, text=True, timeout=60)
+    (port,) = map(int, out.stdout.split())
+    assert port != held and port < rp.ephemeral_start() and out.stderr.count("\n") == 1, out
+
+
+def test_rank_0_that_cannot_listen_on_its_port_says_so_in_one_line(monkeypatch):
+    """torch's own error for a port another process holds (what Lightning's and Fabric's process groups raise with a
+    traceback) becomes one line naming the port and the node; the course's rendezvous says the same."""
+    import torch.distributed as dist
+
+    from course_utils.process_group import listen_failure
+    from course_utils.process_group.rendezvous import listen_refused
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        held = s.getsockname()[1]
+        with pytest.raises(dist.DistNetworkError) as caught:
+            dist.TCPStore("127.0.0.1", held, 2, True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_PORT", str(held))
+    line = listen_failure(caught.value)
+    host = socket.gethostname().split(".")[0]
+    assert line == listen_refused(held) and f"rank 0 on {host} could not listen on port {held}" in line, line
+    assert "\n" not in line and listen_failure(RuntimeError("failed to listen")) is None
 
 
 @needs_cluster
@@ -454,6 +532,30 @@ def test_a_second_make_cluster_keeps_the_running_cluster_and_its_jobs(cluster, t
 
 
 @needs_cluster
+def test_a_second_checkout_s_cluster_is_refused_in_one_line_and_the_running_one_goes_on(cluster, tmp_path):
+    """Another checkout on the same machine (a second suite, a colleague's `make cluster`) would take the same node
+    names, addresses and bridge: its start is refused in one line that names the running cluster and its checkout,
+    before anything of the running one is touched."""
+    other = tmp_path / "other-checkout"
+    (other / "slurm").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "slurm" / "practice_cluster.py", other / "slurm")
+    script = tmp_path / "sleep.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH --output={tmp_path}/%j.out\nsleep 60\n")
+    job = slurm.sbatch(script)
+    try:
+        out = subprocess.run([sys.executable, str(other / "slurm" / "practice_cluster.py"), "up"], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "COURSE_SLURM_DIR": str(tmp_path / "second")})
+        said = out.stderr.strip()
+        assert out.returncode != 0 and said.startswith("error: a practice cluster is already running") \
+            and "\n" not in said, out.stdout + out.stderr
+        assert str(cluster.work) in said and f"started from {REPO_ROOT}" in said, said
+        assert not (tmp_path / "second" / "slurm.conf").exists(), "nothing of a second cluster was made"
+        assert cluster.running() and slurm.job_records(job)[0]["JobState"] in ("PENDING", "RUNNING"), "the first goes on"
+    finally:
+        subprocess.run(["scancel", str(job)], check=False)
+
+
+@needs_cluster
 @pytest.mark.skipif(shutil.which("runuser") is None, reason="runuser (util-linux) starts a command as another user")
 def test_a_learner_s_account_submits_to_the_practice_cluster_and_the_job_runs_as_the_learner(cluster):
     """The cluster runs as root; a learner's jobs run as the learner (auth/none trusts the uid that submits)."""
@@ -617,7 +719,8 @@ def test_every_pattern_of_a_detected_site_runs_unchanged_a_rank_per_gpu(other_ce
     """Each generated script of the other centre, with scripts/launch_probe.py as its TRAIN_SCRIPT (what a
     researcher runs first at a new centre): every process reports its rank and the GPUs it sees, and the course's
     device policy (devices.place_ranks, as the course's scripts call it) gives each rank of a job its own GPU, the
-    one LOCAL_RANK names (a plain torchrun script's choice). The plain DDP script then trains through the srun
+    one LOCAL_RANK names (a plain torchrun script's choice), and each writes a file into the RUN_DIR the pattern
+    hands it (each trial of the array its own). The plain DDP script then trains through the srun
     pattern on all 8 GPUs: the ranks do meet. (The Ray pattern: the next test.)"""
     other, _, scripts = other_centre
     patterns = [p for p in generate.patterns() if p != "multi_node_ray"]
@@ -629,6 +732,8 @@ def test_every_pattern_of_a_detected_site_runs_unchanged_a_rank_per_gpu(other_ce
         report = other.job_report(job, records[job])
         assert {(r["JobState"], r["ExitCode"]) for r in records[job]} == {("COMPLETED", "0:0")}, report
         seen = [p for r in records[job] for p in _probes(Path(r["StdOut"]))]
+        # every process saved into the RUN_DIR its pattern handed it, without creating it (a researcher's script)
+        assert seen and all(p["wrote"] and Path(p["wrote"]).is_file() for p in seen), (pattern, report)
         if pattern == "sweep_array":  # four array tasks, a trial each, each on its own one GPU
             assert sorted(p["args"][-1] for p in seen) == ["0.01", "0.02", "0.05", "0.1"], report
             assert all(p["world_size"] == 1 and len(p["gpus"]) == 1 for p in seen), report

@@ -61,10 +61,13 @@ course_activate() {
 }
 
 # The batch shell runs on the job's first node: the rendezvous is there, on a port that is free
-# there now. (A port derived from the job id would collide for jobs whose ids differ by its range.)
+# there now and below the ports the kernel hands to outgoing connections, so that no other process
+# can be given it before rank 0 listens (slurm/lib/rendezvous_port.py). COURSE_MASTER_PORT=PORT asks
+# for one; where it is taken, another is used and the log says so. (A port derived from the job id
+# would collide for jobs whose ids differ by its range.)
 course_rendezvous() {
     MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-    MASTER_PORT="$(python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"
+    MASTER_PORT="$(python "$COURSE_ROOT/slurm/lib/rendezvous_port.py" --wanted "${COURSE_MASTER_PORT:-}")"
     export MASTER_ADDR MASTER_PORT
     echo "job $SLURM_JOB_ID on ${SLURM_JOB_NUM_NODES:-1} node(s): $SLURM_JOB_NODELIST; rendezvous $MASTER_ADDR:$MASTER_PORT"
 }

@@ -2,22 +2,42 @@
 # srun runs this once per node of a Ray job (slurm/*/multi_node_ray.sbatch):
 #     ray_node.sh head PORT           the head (Ray's GCS on PORT) on the job's first node
 #     ray_node.sh worker HEAD:PORT    a worker on every other node, joining the head
-# Ray stays in the foreground (--block): Slurm owns its processes, and ending the step (scancel, the
-# job's end) ends this node's Ray, and only this job's. (`ray stop` would stop every Ray of yours on
-# the node, another job's too.) Once this node has joined, it writes $RAY_JOINED_DIR/<node>: the batch
-# script starts the search only when every node has.
+# Ray stays in the foreground (--block): ending the step (the search's end, scancel, the job's end)
+# sends this script SIGTERM, and it ends this node's Ray, and only this job's (`ray stop` would stop
+# every Ray of yours on the node, another job's too), and returns once it is gone: nothing of the job
+# outlives its batch script, whatever the cluster's process tracking. Once this node has joined, it
+# writes $RAY_JOINED_DIR/<node>: the batch script starts the search only when every node has.
 set -euo pipefail
 : "${SLURM_JOB_ID:?run this under srun, inside a Slurm job}"
 role="${1:?usage: ray_node.sh head PORT | worker HEAD:PORT}"
 node="$(hostname -s)"
 # A short, node-local folder per job and node: Ray's sockets, logs and spilled objects stay out of $HOME
 temp="/tmp/ray-$SLURM_JOB_ID-$node"
+# This job's Ray processes on this node are those whose command line names that folder (ray start's --temp-dir,
+# the GCS server's and raylet's log folders, the monitor's)
+mine="$temp( |/|\$)"
+# SIGTERM (or ^C): ask them to end, give them RAY_STOP_WAIT_S, end what is left, and only then return
+# shellcheck disable=SC2317  # called by the trap
+stop_this_ray() {
+    trap - TERM INT
+    pkill -TERM -f -- "$mine" 2>/dev/null || true
+    local waited=0
+    while pgrep -f -- "$mine" >/dev/null && (( waited < ${RAY_STOP_WAIT_S:-10} * 4 )); do
+        sleep 0.25
+        waited=$((waited + 1))
+    done
+    pkill -KILL -f -- "$mine" 2>/dev/null || true
+    for _ in {1..50}; do   # SIGKILL is not refused: gone in moments
+        if ! pgrep -f -- "$mine" >/dev/null; then break; fi
+        sleep 0.1
+    done
+    exit 143
+}
+trap stop_this_ray TERM INT
 # Ports free here now, for everything Ray would otherwise give a fixed default (another job's Ray on the
 # node would collide: the agent's 52365, the client server's 10001) or make its raylet wait for
-read -r -a port < <(python -c 'import socket
-socks = [socket.socket() for _ in range(5)]
-for s in socks: s.bind(("", 0))
-print(*(s.getsockname()[1] for s in socks))')
+# (below the ports the kernel hands to outgoing connections: slurm/lib/rendezvous_port.py)
+mapfile -t port < <(python "$(dirname "${BASH_SOURCE[0]}")/rendezvous_port.py" 5)
 # Ray 2.60's raylet gives the dashboard agent it starts 15 s, hard-coded, to write the file naming its HTTP port
 # (dashboard_agent_listen_port_<node id>), and aborts the node when the file is late ("Timed out waiting for file" in
 # NodeManager::WaitForDashboardAgentPorts: ray issue #65983); `ray start` says only "The current node timed out during
@@ -81,7 +101,7 @@ for attempt in {1..100}; do   # the deadline ends the tries long before the hund
         break
     fi
     echo "ray $role on $node: try $attempt failed${fatal:+ ($fatal)}; next try in $wait_s s"
-    sleep "$wait_s"
+    sleep "$wait_s" & wait $!   # a wait the trap interrupts (a foreground sleep would hold it off)
     wait_s=$((wait_s * 2 < 60 ? wait_s * 2 : 60))
 done
 echo "error: Ray's $role on $node did not start in $attempt tries over $SECONDS s (RAY_START_TIMEOUT=$RAY_START_TIMEOUT);" \

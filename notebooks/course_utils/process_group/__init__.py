@@ -30,7 +30,7 @@ from .group import (
     parallel_mesh,
     session,
 )
-from .rendezvous import RendezvousError
+from .rendezvous import RendezvousError, listen_failure
 from .report import describe, print0, print_ranks, ranks_agree, ranks_per_host, require_processes
 
 __all__ = [
@@ -38,5 +38,5 @@ __all__ = [
     "collective_timeout_s", "describe",
     "detect_env", "expand_hostlist", "free_port", "get_rank", "get_world_size", "init_distributed",
     "is_initialized", "is_main_process", "parallel_mesh", "port_from_job_id", "print0", "print_ranks", "ranks_agree",
-    "ranks_per_host", "require_processes", "session", "RendezvousError",
+    "ranks_per_host", "require_processes", "session", "RendezvousError", "listen_failure",
 ]

@@ -29,6 +29,22 @@ class RendezvousError(RuntimeError):
     """The ranks did not all meet; the message names who is missing and where."""
 
 
+def listen_refused(port: int | str) -> str:
+    """The one line for a rank 0 that cannot listen on the rendezvous port: another process holds it."""
+    return (f"rank 0 on {socket.gethostname().split('.')[0]} could not listen on port {port} (MASTER_PORT): another "
+            "process holds it. Start the job again (the course's launchers and sbatch scripts choose a port free at "
+            "the start), or name a free one: COURSE_MASTER_PORT for a course sbatch script, --master-port for torchrun")
+
+
+def listen_failure(exc: BaseException) -> str | None:
+    """:func:`listen_refused` where ``exc`` is torch's failure to listen on MASTER_PORT (a framework's own process
+    group, Lightning's or Fabric's, raises it with a traceback), else None."""
+    text = str(exc)
+    if isinstance(exc, dist.DistNetworkError) and ("EADDRINUSE" in text or "failed to listen" in text):
+        return listen_refused(os.environ.get("MASTER_PORT", "?"))
+    return None
+
+
 def agent_store_in_use(env: Mapping[str, str]) -> bool:
     """True under torchrun: its agent already serves the store, every rank is a client."""
     return env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
@@ -48,11 +64,7 @@ def _connect(info: DistEnv, join_timeout_s: float) -> dist.Store:
                               wait_for_workers=False)
     except Exception as exc:
         if is_server:
-            raise RendezvousError(
-                f"rank 0 could not listen on {addr}:{port} ({exc}). Another job may hold the port: "
-                "let the launcher choose one (course_utils.launch, or the course's sbatch scripts) "
-                "instead of a fixed 29500."
-            ) from exc
+            raise RendezvousError(listen_refused(port)) from exc
         raise RendezvousError(
             f"rank {info.rank}/{info.world_size} could not reach rank 0's rendezvous at {addr}:{port} "
             f"within {join_timeout_s:.0f} s. Is rank 0 running, and is {addr} reachable from "
