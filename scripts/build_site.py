@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 sys.path[:0] = [str(NOTEBOOKS), str(REPO / "scripts")]
 
+import gpu_records  # noqa: E402
 from record_executed import executed_label, machine  # noqa: E402
 
 # Pages beside the notebooks: (source in the repository, page name in the site)
@@ -103,14 +104,17 @@ def site_links(text: str, source_dir: Path, page_dir: str, pages: dict[str, str]
     return LINK.sub(one, text)
 
 
-def page_of(executed: Path, out: Path, pages: dict[str, str]) -> None:
-    """The executed notebook with its label as the first cell below the title, its links made the site's."""
+def page_of(executed: Path, out: Path, pages: dict[str, str], records: list[dict] | None = None) -> None:
+    """The executed notebook with its label as the first cell below the title, and beside it the notebook's latest
+    GPU run on record (records/gpu); its links made the site's."""
     nb = json.loads(executed.read_text())
     label = label_of(nb) or "Executed copy without a label"
+    gpu = gpu_records.site_line(executed.name, gpu_records.load_records() if records is None else records)
     for cell in nb["cells"]:
         if cell["cell_type"] == "markdown":
             cell["source"] = site_links("".join(cell["source"]), NOTEBOOKS, "notebooks", pages)
-    cell = {"cell_type": "markdown", "id": "course-run-label", "metadata": {}, "source": [f"> **{label}.**\n"]}
+    cell = {"cell_type": "markdown", "id": "course-run-label", "metadata": {},
+            "source": [f"> **{label}.**\n>\n> {gpu}.\n"]}
     first = 1 if nb["cells"] and nb["cells"][0]["cell_type"] == "markdown" else 0
     nb["cells"].insert(first, cell)
     out.write_text(json.dumps(nb))
@@ -141,8 +145,9 @@ def build(executed_dir: Path, out: Path) -> Path:
     # each file of the repository that has a page here, and that page, from the site's root
     pages = {f"notebooks/{e.name}": f"notebooks/{e.name}" for e in executed}
     pages |= {path: f"{name}.md" for path, name in GUIDES if (REPO / path).exists()}
+    records = gpu_records.load_records()
     for e in executed:
-        page_of(e, src / "notebooks" / e.name, pages)
+        page_of(e, src / "notebooks" / e.name, pages, records)
     for path, name in GUIDES:
         if (REPO / path).exists():
             (src / f"{name}.md").write_text(site_links((REPO / path).read_text(), (REPO / path).parent, "", pages))

@@ -54,10 +54,13 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 if str(NOTEBOOKS) not in sys.path:  # course_utils without PYTHONPATH or an install
     sys.path.insert(0, str(NOTEBOOKS))
 
+import gpu_records  # noqa: E402  (the standard library only, like this file up to main's check)
+
 MIN_TORCH = (2, 11)  # the oldest torch the course runs on (README)
 TORCH_OWN = {"torch", "torchvision", "torchaudio"}  # the machine's own builds: their dependencies are its business
 SITE = "/tmp/course-site"  # where `scripts/gpu_wheels.sh install` puts what was carried
-PRIORITY = ("09", "10", "07", "06", "05")  # the notebooks most likely to fail on a GPU (issue 31) run first
+# the notebooks most at risk on a GPU first: 06 and 07 (failed on the H200, fixed since), then those never run
+PRIORITY = ("06", "07", "01", "02", "03", "04", "08", "11")
 MIN_START_S = 120  # a notebook never timed on this hardware starts only with this much of the budget left
 REPORT_S = 30  # kept back at the end of the budget for the report
 LADDER_GUESS_S = {"cuda": 360, "cpu": 120}  # the ladder's time before it has been measured on this hardware
@@ -324,10 +327,29 @@ def run_notebook(path: Path, profile: str, timeout_s: float, cell_timeout_s: flo
     seconds = time.perf_counter() - start
     text = log.read_text(errors="replace")
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", text)}
-    return {"notebook": path.name, "passed": code == 0, "timed_out": timed_out, "cells_passed": counts.get("passed", 0),
-            "cells_failed": counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0),
-            "seconds": round(seconds, 1), "peak_gpu_mib": None if memory.peak_mib is None else round(memory.peak_mib),
-            "log": str(log)}
+    cells_passed = counts.get("passed", 0)
+    failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("errors", 0)
+    run = _course_run(executed / path.name) if executed else {}
+    if timed_out and run:  # pytest killed says nothing: the executed copy knows how far it got
+        cells_passed, failed = run.get("cells_ran", 0) - run.get("errors", 0), run.get("errors", 0)
+    return {"notebook": path.name, "passed": code == 0, "timed_out": timed_out, "cells_passed": cells_passed,
+            "cells_failed": failed, "cells": run.get("cells") or _code_cells(path), "seconds": round(seconds, 1),
+            "peak_gpu_mib": None if memory.peak_mib is None else round(memory.peak_mib), "log": str(log)}
+
+
+def _course_run(executed: Path) -> dict[str, Any]:
+    """What record_executed wrote into an executed notebook: its code cells, those that ran, those that raised."""
+    try:
+        return json.loads(executed.read_text()).get("metadata", {}).get("course_run", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _code_cells(path: Path) -> int | None:
+    try:
+        return sum(c["cell_type"] == "code" for c in json.loads(path.read_text())["cells"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def run_ladder(model: str, args: list[str], out: Path, timeout_s: float, profile: str) -> dict[str, Any]:
@@ -367,6 +389,10 @@ def _result(n: dict[str, Any]) -> str:
     return "pass" if n["passed"] else ("timed out" if n.get("timed_out") else "FAIL")
 
 
+def _older(n: dict[str, Any]) -> str:
+    return " (older code)" if n.get("older_code") else ""
+
+
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# gpu-check: {report['hardware']}", "",
              f"Latest run {report['started']}, profile `{report['profile']}`, torch {report['torch']}, "
@@ -377,7 +403,7 @@ def markdown(report: dict[str, Any]) -> str:
              "|---|---|---:|---:|---:|---:|---|---|"]
     for n in report["notebooks"]:
         peak = "n/a" if n.get("peak_gpu_mib") is None else f"{n['peak_gpu_mib']:,}"
-        lines.append(f"| {n['notebook']} | {_result(n)} | {n.get('cells_passed', 0)} | {n.get('cells_failed', 0)} "
+        lines.append(f"| {n['notebook']} | {_result(n)}{_older(n)} | {n.get('cells_passed', 0)} | {n.get('cells_failed', 0)} "
                      f"| {n.get('seconds', 0.0):.1f} | {peak} | {n.get('hardware') or ''} | {n.get('date') or ''} |")
     ladder = report["ladder"]
     lines += ["", f"## Single-device ladder ({report['ladder_model']})", ""]
@@ -418,9 +444,10 @@ def pick_notebooks(wanted: list[str] | None) -> list[Path]:
 
 
 def _here(r: dict[str, Any] | None, hardware: str, profile: str) -> bool:
-    """Whether ``r`` is a result (not a notebook left or cut by the budget) from this hardware and profile."""
+    """Whether ``r`` is a result (not a notebook left or cut by the budget) from this hardware and profile, of the
+    notebook's current code."""
     return (r is not None and r.get("hardware") == hardware and r.get("profile") == profile
-            and not r.get("not_run") and not r.get("stopped_by_budget"))
+            and not r.get("not_run") and not r.get("stopped_by_budget") and not r.get("older_code"))
 
 
 def plan(names: Sequence[str], latest: Mapping[str, dict[str, Any]], hardware: str, profile: str,
@@ -491,6 +518,48 @@ def flops_per_image(model: str) -> float:
     return train_flops_per_image(model)
 
 
+def _driver() -> str | None:
+    """The NVIDIA driver's version (nvidia-smi), or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.split("\n")[0].strip() or None if out.returncode == 0 else None
+
+
+def _commit() -> str | None:
+    """The commit this tree is (COURSE_COMMIT where the tree came without .git: a lent machine's copy), with
+    "+changes" where files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return os.environ.get("COURSE_COMMIT")
+    if head.returncode != 0:
+        return os.environ.get("COURSE_COMMIT")
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
+def make_record(started: str, machine: dict[str, Any], profile: str, results: list[dict[str, Any]],
+                ladder: dict[str, Any], matmul: list[dict[str, Any]], share: dict[str, Any], argv: list[str] | None,
+                cpu: bool) -> dict:
+    """This run's record for records/gpu (scripts/gpu_records.py): the machine, the commit, each notebook it ran."""
+    env = machine["env"]
+    measured = "rungs" in ladder and ladder.get("date") == started
+    keep = ("notebook", "content", "passed", "cells", "cells_passed", "cells_failed", "seconds", "peak_gpu_mib")
+    return {"date": started, "source": " ".join(["scripts/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
+            "commit": _commit(), "hardware": machine["hardware"], "gpus": len(env.get("gpus") or []),
+            "driver": None if cpu else _driver(), "torch": env.get("torch"), "cuda": env.get("cuda_runtime"),
+            "nccl": env.get("nccl"), "cpu": f"{env.get('cpu')}, {env.get('cores_usable')} cores", "profile": profile,
+            "notebooks": [{**{k: r.get(k) for k in keep}, "result": _result(r)} for r in results],
+            "ladder": ladder if measured else None, "matmul": matmul if measured else [],
+            "training_share": share if measured else {},
+            **({"matmul_size": "512 x 512, 3 repeats" if cpu else "8192 x 8192, 20 repeats"} if measured else {})}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true",
@@ -505,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rerun", action="store_true",
                    help="run again what already passed on this hardware (notebooks and the ladder)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "gpu-check")
+    p.add_argument("--records", type=Path, default=gpu_records.RECORDS,
+                   help="the committed records this run resumes from (default: %(default)s); this run's record is "
+                        "written to --out, to be copied there")
     args = p.parse_args(argv)
     t0 = _now()
     lacking = what_is_lacking()
@@ -523,6 +595,17 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(exist_ok=True)
     previous = load_report(args.out / "report.json")
     latest = {r["notebook"]: r for r in previous.get("notebooks", [])}
+    # the committed records of this hardware and profile, where newer than this folder's report
+    mine_on_record = [r for r in gpu_records.load_records(args.records)
+                      if r["hardware"] == hardware and r["profile"] == profile]
+    committed = gpu_records.results_from_records(mine_on_record)
+    for name, r in committed.items():
+        mine = latest.get(name)
+        if mine is None or not _here(mine, hardware, profile) or str(mine.get("date")) < r["date"]:
+            latest[name] = r
+    content = {name: gpu_records.content_hash(path) for name, path in notebooks.items()}
+    for name, r in latest.items():  # a result counts for the code it ran: a notebook's code changed since runs again
+        r["older_code"] = name in content and r.get("content") != content[name]
     order, skipped = plan(list(notebooks), latest, hardware, profile, args.rerun)
     started, budget_s = time.strftime("%Y-%m-%d %H:%M"), 60 * args.budget_min
     print(f"gpu-check on {hardware}: {len(order)} notebook(s) to run, profile {profile}, {args.budget_min:g} min",
@@ -540,6 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     # the latest ladder and matmul table stay in the report, labelled, until this hardware measures its own
     ladder = previous.get("ladder") or {"not_run": "the notebooks come first"}
     matmul, share = previous.get("matmul", []), previous.get("training_share", {})
+    if not (ladder.get("hardware") == hardware and ladder.get("profile") == profile and "rungs" in ladder):
+        measured = [r for r in mine_on_record if "rungs" in (r.get("ladder") or {})]
+        if measured:  # this GPU model's ladder on record: not measured again unless asked
+            ladder, matmul, share = measured[-1]["ladder"], measured[-1]["matmul"], measured[-1].get("training_share", {})
 
     def save() -> dict[str, Any]:
         """The report as it stands, written after every notebook: a run stopped from outside (a lease that
@@ -565,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         limit = min(args.notebook_timeout, left_s())
         r = {**run_notebook(notebooks[name], profile, limit, limit, logs, machine["gpu_uuids"],
-                            executed=args.out / "executed", label=label), **stamp}
+                            executed=args.out / "executed", label=label), **stamp, "content": content[name]}
         ran.append(name)
         if r["timed_out"] and limit < args.notebook_timeout:  # the budget stopped it, not its own limit
             r["stopped_by_budget"] = True
@@ -604,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
                 ladder = {"not_run": why}
 
     print(f"\n{markdown(save())}\nwritten: {args.out / 'report.md'} and report.json", flush=True)
+    if ran or "rungs" in ladder and ladder.get("date") == started:
+        record = make_record(started, machine, profile, [latest[n] for n in ran], ladder, matmul, share, argv, args.cpu)
+        path = args.out / gpu_records.record_name(started, hardware)
+        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        print(f"this run's record: {path}; commit it: cp {path} {args.records}/ and "
+              "python scripts/gpu_records.py --write (the README's and INSTRUCTORS.md's tables)", flush=True)
     todo = [n for n in notebooks if not _here(latest[n], hardware, profile)] + ([] if ladder_here() else ["the ladder"])
     if todo:
         print(f"left for the next run: {', '.join(todo)}; `make gpu-check` again resumes there", flush=True)

@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 import types
 from pathlib import Path
@@ -22,11 +23,30 @@ from course_utils.paths import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
 import gpu_check  # noqa: E402
+import gpu_records  # noqa: E402
 
 
-def test_the_cpu_mode_writes_the_whole_report(tmp_path):
-    run = run_script("gpu_check.py", ["--cpu", "--notebooks", "00", "--out", tmp_path], timeout_s=600, echo=False)
+def test_the_lease_command_in_its_cpu_mode_brings_back_the_whole_report_and_a_record_in_few_files(tmp_path):
+    """scripts/gpu_lease.sh run, as on a lent GPU machine but with --cpu: within its budget (LEASE_MIN, 8.3 minutes
+    by default, the command 9), at most 8 files brought back (the device tool's limit), one of them this run's
+    record for records/gpu."""
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = subprocess.run(["bash", str(SCRIPTS / "gpu_lease.sh"), "run", "--cpu", "--notebooks", "00", "--records",
+                          str(tmp_path / "none")], env=env, capture_output=True, text=True, timeout=600)
+    brought = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert len(brought) <= 8 and {"report.md", "report.json", "executed.tgz", "logs.tgz"} <= set(brought), \
+        (brought, run.stdout[-3000:], run.stderr[-3000:])
     report = json.loads((tmp_path / "report.json").read_text())
+    assert report["seconds"] <= 8.3 * 60, "the runner keeps to the lease's budget"
+    (record_file,) = [tmp_path / b for b in brought if b.startswith("20")]
+    record = json.loads(record_file.read_text())
+    assert record["hardware"] == report["hardware"] and record["date"] == report["started"] and record["commit"]
+    (entry,) = record["notebooks"]
+    assert entry["result"] == "pass" and entry["cells_passed"] == entry["cells"] > 5, entry
+    assert entry["content"] == gpu_records.content_hash(SCRIPTS.parent / "notebooks" / "00_environment.ipynb")
+    assert record["matmul"] and record["ladder"]["rungs"], "the ladder and the matmul rates, measured in this run"
+    with tarfile.open(tmp_path / "executed.tgz") as packed:
+        assert "executed/00_environment.ipynb" in packed.getnames()
     (notebook,) = report["notebooks"]
     assert notebook["notebook"] == "00_environment.ipynb" and notebook["passed"] and notebook["cells_passed"] > 5
     ladder = report["ladder"]["rungs"]
@@ -49,7 +69,7 @@ def test_the_cpu_mode_writes_the_whole_report(tmp_path):
     assert abs(share["share"] - share["train_tflops"] / fastest["tflops"]) < 1e-9
     text = (tmp_path / "report.md").read_text()
     assert "| 00_environment.ipynb | pass |" in text and "## Single-device ladder (cnn)" in text
-    assert run.returncode == 0
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 def test_a_notebook_cut_short_is_labelled_with_where_it_stopped():
@@ -275,21 +295,21 @@ def clock_of(ran):
 
 
 def test_a_run_keeps_to_its_budget_and_the_next_resumes_it(tmp_path, monkeypatch, capsys):
-    out = ["--out", str(tmp_path / "report")]
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records")]
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, fails={"09"})
     assert gpu_check.main(out) == 1
-    assert ran == ["09", "10", "07", "06", "05", "00"], "the likeliest failures first, then by number"
+    assert ran == ["06", "07", "01", "02", "03", "04"], "the notebooks most at risk first"
     assert clock_of(ran) <= 25 * 60 - gpu_check.REPORT_S, "all within the 25 minutes"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     by_name = {r["notebook"][:2]: r for r in report["notebooks"]}
-    assert by_name["10"]["hardware"] == "1 x H100" and by_name["10"]["date"] and by_name["10"]["passed"]
-    assert by_name["01"]["not_run"] and "not_run" in report["ladder"]
-    assert "left for the next run: 01_n.ipynb" in capsys.readouterr().out
+    assert by_name["06"]["hardware"] == "1 x H100" and by_name["06"]["date"] and by_name["06"]["passed"]
+    assert by_name["08"]["not_run"] and "not_run" in report["ladder"]
+    assert "left for the next run: 00_n.ipynb, 05_n.ipynb, 08_n.ipynb" in capsys.readouterr().out
 
     ran.clear()
     assert gpu_check.main(out) == 1
-    assert ran == ["01", "02", "03", "04", "08"], "resumed where it stopped; what passed is not run again; " \
-        "09 failed in 240 s here and 270 s were left: no room for it"
+    assert ran == ["08", "00", "05", "09", "10"], "resumed where it stopped, then by number; what passed is not " \
+        "run again; the ladder's 360 s did not fit in the 270 left"
     ran.clear()
     assert gpu_check.main(out) == 1
     assert ran == ["09", "ladder"], "then what failed here; the ladder once every notebook has a result"
@@ -307,15 +327,15 @@ def test_a_run_keeps_to_its_budget_and_the_next_resumes_it(tmp_path, monkeypatch
 
 
 def test_a_notebook_cut_by_the_budget_is_not_a_failure_and_goes_first_next_time(tmp_path, monkeypatch):
-    out = ["--out", str(tmp_path / "report")]
-    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {"09": 9, "10": 9, "07": 9})
-    assert gpu_check.main(out) == 1 and ran == ["09", "10", "07"]
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records")]
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {"06": 9, "07": 9, "01": 9})
+    assert gpu_check.main(out) == 1 and ran == ["06", "07", "01"]
     cut = {r["notebook"][:2]: r for r in json.loads((tmp_path / "report" / "report.json").read_text())["notebooks"]}
-    assert cut["07"]["stopped_by_budget"] and not cut["07"]["passed"] and cut["07"]["seconds"] < 9 * 60
-    assert "| 07_n.ipynb | stopped (budget) |" in (tmp_path / "report" / "report.md").read_text()
+    assert cut["01"]["stopped_by_budget"] and not cut["01"]["passed"] and cut["01"]["seconds"] < 9 * 60
+    assert "| 01_n.ipynb | stopped (budget) |" in (tmp_path / "report" / "report.md").read_text()
     ran.clear()
     gpu_check.main(out)
-    assert ran[0] == "07"
+    assert ran[0] == "01"
 
 
 # ---- the suite installs nothing where it cannot, and says why -------------------------------------------
@@ -388,11 +408,83 @@ def test_without_a_reachable_mirror_apt_get_is_not_tried(tmp_path, monkeypatch):
 
 
 def test_a_run_stopped_from_outside_keeps_what_it_finished(tmp_path, monkeypatch):
-    out = ["--out", str(tmp_path / "report")]
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records")]
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, stop_at="07")
     with pytest.raises(KeyboardInterrupt):
         gpu_check.main(out)
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {})
     gpu_check.main(out)
-    assert ran[:2] == ["07", "06"], ran
+    assert ran[:2] == ["07", "01"], "06 passed before the stop and is kept"
 
+
+
+# ---- the committed records: what a lease resumes from, and the tables made from them --------------------------
+
+def test_a_run_resumes_from_the_committed_records_and_its_own_record_resumes_the_next(tmp_path, monkeypatch):
+    """A lent machine starts bare: what it resumes from is records/gpu. Passed on this GPU model for the notebook's
+    current code: skipped. Stopped by the budget, run on another model, or of older code: run first (the most at
+    risk first), then what failed here. The run's own record, committed, makes the next run skip what it passed."""
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, fails={"05"})
+    records = tmp_path / "records"
+    records.mkdir()
+    now = gpu_records.content_hash(tmp_path / "nb" / "00_n.ipynb")  # every fake notebook is the same empty file
+
+    def entry(n, result, content=now):
+        return {"notebook": f"{n}_n.ipynb", "content": content, "result": result, "passed": result == "pass",
+                "cells": 3, "cells_passed": 3, "seconds": 60.0, "peak_gpu_mib": 10}
+
+    base = {"commit": "abc1234", "gpus": 1, "driver": "580", "torch": "2.11", "profile": "full", "ladder": None,
+            "matmul": []}
+    (records / "2026-11-26-h100.json").write_text(json.dumps({**base, "date": "2026-11-26 01:00", "hardware": "1 x H100",
+        "notebooks": [entry("00", "pass"), entry("01", "FAIL"), entry("02", "pass", "0" * 12), entry("03", "pass"),
+                      entry("06", "stopped (budget)"), entry("10", "pass")]}))
+    (records / "2026-11-26-h200.json").write_text(json.dumps({**base, "date": "2026-11-26 02:00", "hardware": "1 x H200",
+        "notebooks": [entry("04", "pass")]}))
+    out = ["--out", str(tmp_path / "report"), "--records", str(records), "--budget-min", "60"]
+    assert gpu_check.main(out) == 1
+    assert ran == ["06", "07", "02", "04", "08", "05", "09", "01", "ladder"], \
+        "no result here for the current code first (most at risk first, then by number), then what failed here"
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert {r["notebook"][:2]: r.get("from_record") for r in report["notebooks"]}["00"] == "2026-11-26-h100.json"
+
+    (written,) = (tmp_path / "report").glob("20*.json")
+    record = json.loads(written.read_text())
+    assert [n["notebook"][:2] for n in record["notebooks"]] == ran[:-1] and record["hardware"] == "1 x H100"
+    assert {n["result"] for n in record["notebooks"]} == {"pass", "FAIL"} and all(n["content"] == now
+                                                                                  for n in record["notebooks"])
+    assert record["ladder"] is not None and record["matmul"], "measured in this run: in its record"
+    shutil.copy(written, records / "2026-11-27-h100.json")
+    ran.clear()
+    assert gpu_check.main(["--out", str(tmp_path / "fresh"), "--records", str(records)]) == 1
+    assert ran == ["05"], "a fresh machine, the records committed: only what failed runs again"
+
+
+def test_the_readme_and_instructors_tables_are_the_records():
+    """The GPU tables in README.md and INSTRUCTORS.md are what scripts/gpu_records.py makes of records/gpu."""
+    records = gpu_records.load_records()
+    assert any(r.get("transcribed") and r["date"].startswith("2026-11-26") for r in records), "the H200 run is in"
+    for doc, block in gpu_records.blocks(records).items():
+        text = (SCRIPTS.parent / doc).read_text()
+        assert f"{gpu_records.START}\n{block}\n{gpu_records.END}" in text, \
+            f"{doc}'s GPU table is not the records': python scripts/gpu_records.py --write"
+    for r in records:
+        assert r["file"] == gpu_records.record_name(r["date"], r["hardware"]), r["file"]
+        for n in r["notebooks"]:
+            assert n["result"] in ("pass", "FAIL", "timed out", "stopped (budget)") and n["passed"] == (
+                n["result"] == "pass") and len(n["content"]) == 12, (r["file"], n)
+
+
+def test_a_notebook_s_content_is_its_code_not_its_prose(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("the idea"), nbformat.v4.new_code_cell("x = 1")])
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nb, path)
+    first = gpu_records.content_hash(path)
+    nb.cells[0].source = "the idea, in fewer words"
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="1")]
+    nbformat.write(nb, path)
+    assert gpu_records.content_hash(path) == first, "prose and outputs do not ask for a new GPU run"
+    nb.cells[1].source = "x = 2"
+    nbformat.write(nb, path)
+    assert gpu_records.content_hash(path) != first, "a changed line of code does"
