@@ -46,7 +46,7 @@ run() {
     cp "$work"/20*.json "$out"/ 2>/dev/null || true
     tar czf "$out/executed.tgz" -C "$work" executed 2>/dev/null || true
     tar czf "$out/logs.tgz" -C "$work" --exclude='logs/ipython' logs 2>/dev/null || true
-    echo "brought back in $out: $(cd "$out" && ls | tr '\n' ' ')"
+    echo "brought back in $out: $(find "$out" -maxdepth 1 -type f -printf '%f ')"
     return "$status"
 }
 

@@ -102,6 +102,8 @@ course_run_requeueable() {
         wait "$TRAIN_PID" && status=0 || status=$?
     done
     if (( REQUEUE )); then
+        # what the job script must end before Slurm ends the job (the Ray pattern's Ray): its course_before_requeue
+        if declare -F course_before_requeue >/dev/null; then course_before_requeue; fi
         echo "requeueing job $SLURM_JOB_ID; it resumes from what it saved in $RUN_DIR"
         scontrol requeue "$SLURM_JOB_ID"   # the job goes back to the queue with the same id
     fi

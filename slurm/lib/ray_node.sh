@@ -22,7 +22,7 @@ stop_this_ray() {
     trap - TERM INT
     pkill -TERM -f -- "$mine" 2>/dev/null || true
     local waited=0
-    while pgrep -f -- "$mine" >/dev/null && (( waited < ${RAY_STOP_WAIT_S:-10} * 4 )); do
+    while pgrep -f -- "$mine" >/dev/null && (( waited < ${RAY_STOP_WAIT_S:-3} * 4 )); do   # within KillWait
         sleep 0.25
         waited=$((waited + 1))
     done
