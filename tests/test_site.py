@@ -4,6 +4,7 @@ make site itself (scripts/check_site.py), not here: it executes every notebook."
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -97,3 +98,33 @@ def test_make_test_records_the_notebooks_it_runs_for_the_site(tmp_path):
                          env={**os.environ, "COURSE_EXECUTED_DIR": str(tmp_path)})
     assert out.returncode == 0 and "record_executed" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
+
+
+def test_a_figure_of_the_course_s_helpers_is_shown_once_in_a_cell_run_as_nbval_runs_it():
+    """nbval runs each cell with store_history=False, where a trailing `;` does not silence a returned value: a
+    helper that returned its Figure put every chart twice into the executed copies and the site. In a real kernel,
+    with the notebooks' inline backend: one image per chart."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "notebooks")})
+    try:
+        code = ("from course_utils.plots import bar_chart, line_chart\n"
+                "bar_chart(['a', 'b'], [1.0, 2.0], 'x', 'two bars');\n"
+                "line_chart([1, 2], {'y': [3, 4]}, 'x', 'y', 'a line')")
+        msg_id = kc.execute(code, store_history=False)
+        images, errors = 0, []
+        while True:
+            msg = kc.get_iopub_msg(timeout=120)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind in ("display_data", "execute_result") and "image/png" in content.get("data", {}):
+                images += 1
+            elif kind == "error":
+                errors.append(content["evalue"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        assert not errors and images == 2, (images, errors)
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -8,6 +8,13 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 
+def _show() -> None:
+    """Show the figure now, once, and close it. The helpers return nothing: a returned Figure is shown a second time
+    where a cell's trailing `;` does not silence it (nbval runs cells with store_history=False, and make site renders
+    those copies)."""
+    plt.show()
+
+
 def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title: str,
               annotate: str = "{:,.0f}", baseline: float | None = None):
     """Horizontal bars (long labels stay readable); ``baseline`` draws a reference line."""
@@ -24,7 +31,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title
         if v == v:  # skip NaN
             ax.text(v, i, " " + annotate.format(v), va="center", fontsize=9)
     fig.tight_layout()
-    return fig
+    _show()
 
 
 def stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ylabel: str, title: str,
@@ -45,7 +52,7 @@ def stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ylabe
     ax.legend(fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return fig
+    _show()
 
 
 def line_chart(x: Sequence[float] | None, series: dict[str, Sequence], xlabel: str, ylabel: str,
@@ -67,7 +74,7 @@ def line_chart(x: Sequence[float] | None, series: dict[str, Sequence], xlabel: s
         ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return fig
+    _show()
 
 
 def schedule_chart(events: Sequence[Sequence[tuple[str, float, float]]], title: str):
@@ -86,7 +93,7 @@ def schedule_chart(events: Sequence[Sequence[tuple[str, float, float]]], title: 
     ax.set_xlabel("seconds from the step's start (light: forward, dark: backward; the number: micro-batch)")
     ax.set_title(title)
     fig.tight_layout()
-    return fig
+    _show()
 
 
 def loss_curves(history, step_losses: Sequence[float] = (), title: str = "training"):
@@ -106,7 +113,7 @@ def loss_curves(history, step_losses: Sequence[float] = (), title: str = "traini
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    return fig
+    _show()
 
 
 def trial_curves(searches: dict[str, list[dict]], metric: str = "val_loss", title: str = ""):
@@ -129,4 +136,4 @@ def trial_curves(searches: dict[str, list[dict]], metric: str = "val_loss", titl
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    return fig
+    _show()
