@@ -146,3 +146,15 @@ def test_what_a_library_writes_into_the_kernel_s_environment_is_taken_back(monke
         os.environ["COURSE_TEST_KEPT"] = "changed"
         del os.environ["COURSE_TEST_KEPT"]
     assert dict(os.environ) == before
+
+
+def test_a_run_s_command_is_shown_as_a_person_types_it_and_a_missing_line_is_an_error():
+    """course_utils.show: what the notebooks put on the page is read from what ran."""
+    from course_utils.paths import REPO_ROOT
+    from course_utils.show import command_line, show_lines
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(REPO_ROOT / "scripts" / "whoami.py"),
+           "--flag", "two words"]
+    assert command_line(cmd) == "torchrun --nproc-per-node=2 scripts/whoami.py --flag 'two words'"
+    with pytest.raises(ValueError, match="plain_ddp.py has no line containing 'no such line'"):
+        show_lines("plain_ddp.py", "no such line")

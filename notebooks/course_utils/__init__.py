@@ -33,6 +33,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     paths           REPO_ROOT, the scripts folder, a child process's environment
     storage         one large file vs many small files, per storage folder
     plots           the course's figures
+    show            the lesson's lines on the page: a function's source, a script's lines, a command line
     targets         the workshop's machines as facts (tests compute every notebook's full profile for them)
 """
 

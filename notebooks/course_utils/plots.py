@@ -137,3 +137,46 @@ def trial_curves(searches: dict[str, list[dict]], metric: str = "val_loss", titl
         fig.suptitle(title)
     fig.tight_layout()
     _show()
+
+
+def ring_chart(world: int, title: str = ""):
+    """The ring all-reduce of ``world`` ranks, step by step: left, the ring (each rank sends to its right neighbour);
+    right, the chunk each rank sends at each step, by the rules of collectives.ring_all_reduce (reduce-scatter step
+    k: chunk rank - k; all-gather step k: chunk rank + 1 - k)."""
+    import math
+
+    colours = plt.get_cmap("tab10")
+    fig, (ring, grid) = plt.subplots(1, 2, figsize=(9, 0.42 * 2 * (world - 1) + 2.2),
+                                     gridspec_kw={"width_ratios": [1, 1.6]})
+    at = [(math.cos(math.pi / 2 - 2 * math.pi * r / world), math.sin(math.pi / 2 - 2 * math.pi * r / world))
+          for r in range(world)]
+    for r, (x, y) in enumerate(at):
+        nx, ny = at[(r + 1) % world]
+        ring.annotate("", xy=(0.78 * nx + 0.22 * x, 0.78 * ny + 0.22 * y), xytext=(0.78 * x + 0.22 * nx,
+                      0.78 * y + 0.22 * ny), arrowprops={"arrowstyle": "->", "color": "grey"})
+        ring.add_patch(plt.Circle((x, y), 0.2, color="#4C72B0"))
+        ring.text(x, y, f"rank {r}", ha="center", va="center", color="white", fontsize=8)
+    ring.set_xlim(-1.35, 1.35)
+    ring.set_ylim(-1.35, 1.35)
+    ring.set_aspect("equal")
+    ring.axis("off")
+    ring.set_title("each rank sends to its right")
+    rows = [("reduce-scatter", k, lambda r, k=k: (r - k) % world) for k in range(world - 1)]
+    rows += [("all-gather", k, lambda r, k=k: (r + 1 - k) % world) for k in range(world - 1)]
+    for i, (phase, k, chunk) in enumerate(rows):
+        for r in range(world):
+            c = chunk(r)
+            grid.add_patch(plt.Rectangle((r, i), 0.92, 0.85, color=colours(c % 10), alpha=0.8 if phase[0] == "r" else 0.45))
+            grid.text(r + 0.46, i + 0.42, f"chunk {c}", ha="center", va="center", fontsize=8)
+    grid.set_xlim(0, world)
+    grid.set_ylim(len(rows), 0)
+    grid.set_xticks([r + 0.46 for r in range(world)], [f"rank {r}" for r in range(world)])
+    grid.set_yticks([i + 0.42 for i in range(len(rows))], [f"{phase} {k + 1}" for phase, k, _ in rows])
+    grid.tick_params(length=0)
+    for side in grid.spines.values():
+        side.set_visible(False)
+    grid.set_title("the chunk each rank sends at each step (dark: its receiver adds it; pale: keeps it)", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    _show()

@@ -1,0 +1,72 @@
+"""The lesson's lines on the page: a function's source, the lines of a script, a command line, highlighted and read
+at run time from what runs (never a copy that can drift). Each shows its code and returns nothing (a returned value
+would be shown a second time)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .paths import REPO_ROOT, SCRIPTS
+
+LANGUAGES = {".py": "python", ".sh": "bash", ".sbatch": "bash", ".in": "bash", ".toml": "toml", ".json": "json"}
+
+
+def _display(code: str, language: str) -> None:
+    from IPython.display import Code, display
+
+    display(Code(code.rstrip("\n"), language=language))
+
+
+def _path(file: str | Path) -> Path:
+    path = Path(file)
+    if path.is_absolute() or path.exists():
+        return path
+    return SCRIPTS / path if (SCRIPTS / path).exists() else REPO_ROOT / path
+
+
+def show_function(fn: Callable) -> None:
+    """The source of ``fn``, as it is in the module that runs it."""
+    _display(inspect.getsource(fn), "python")
+
+
+def show_lines(file: str | Path, start: str, end: str | None = None) -> None:
+    """The lines of ``file`` (a script's name, or a path under the repository) from the first containing ``start``
+    through the next containing ``end`` (or the end of that block: the first blank line)."""
+    path = _path(file)
+    lines = path.read_text().splitlines()
+    first = next((i for i, line in enumerate(lines) if start in line), None)
+    if first is None:
+        raise ValueError(f"{path.name} has no line containing {start!r}")
+    stop = next((i for i in range(first + 1, len(lines)) if (end in lines[i] if end else not lines[i].strip())),
+                len(lines) - (1 if end is None else 0))
+    _display("\n".join(lines[first:stop + (1 if end else 0)]), LANGUAGES.get(path.suffix, "text"))
+
+
+def show_matching(file: str | Path, pattern: str) -> None:
+    """The lines of ``file`` that match the regular expression ``pattern``, in order (e.g. every ``dist.`` call)."""
+    path = _path(file)
+    found = [line.strip() for line in path.read_text().splitlines() if re.search(pattern, line)]
+    if not found:
+        raise ValueError(f"{path.name} has no line matching {pattern!r}")
+    _display("\n".join(found), LANGUAGES.get(path.suffix, "text"))
+
+
+def command_line(cmd: Sequence[str]) -> str:
+    """A command as a person types it: ``python -m torch.distributed.run`` is ``torchrun``, this Python is
+    ``python``, the repository's paths are relative to its root."""
+    words = [str(w) for w in cmd]
+    if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+        words = ["torchrun", *words[3:]]
+    words = ["python" if w == sys.executable else w for w in words]
+    root = f"{REPO_ROOT}/"
+    return shlex.join(w[len(root):] if w.startswith(root) else w for w in words)
+
+
+def show_command(cmd: Sequence[str]) -> None:
+    """A command line (a run's ``command``), as :func:`command_line` writes it."""
+    _display(command_line(cmd), "bash")
