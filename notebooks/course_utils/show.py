@@ -8,6 +8,7 @@ import inspect
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def _path(file: str | Path) -> Path:
 
 def show_function(fn: Callable) -> None:
     """The source of ``fn``, as it is in the module that runs it."""
-    _display(inspect.getsource(fn), "python")
+    _display(textwrap.dedent(inspect.getsource(fn)), "python")
 
 
 def show_lines(file: str | Path, start: str, end: str | None = None) -> None:
@@ -42,9 +43,15 @@ def show_lines(file: str | Path, start: str, end: str | None = None) -> None:
     first = next((i for i, line in enumerate(lines) if start in line), None)
     if first is None:
         raise ValueError(f"{path.name} has no line containing {start!r}")
-    stop = next((i for i in range(first + 1, len(lines)) if (end in lines[i] if end else not lines[i].strip())),
-                len(lines) - (1 if end is None else 0))
-    _display("\n".join(lines[first:stop + (1 if end else 0)]), LANGUAGES.get(path.suffix, "text"))
+    if end:
+        stop = next((i for i in range(first, len(lines)) if end in lines[i]), None)
+        if stop is None:
+            raise ValueError(f"{path.name} has no line containing {end!r} after {start!r}")
+        shown = lines[first:stop + 1]
+    else:
+        stop = next((i for i in range(first + 1, len(lines)) if not lines[i].strip()), len(lines))
+        shown = lines[first:stop]
+    _display(textwrap.dedent("\n".join(shown)), LANGUAGES.get(path.suffix, "text"))
 
 
 def show_matching(file: str | Path, pattern: str) -> None:
