@@ -374,7 +374,7 @@ def test_scripts_pass_shellcheck():
 
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck; the suite installs it as root)")
-    libs = sorted((REPO_ROOT / "slurm" / "lib").glob("*.sh"))
+    libs = sorted((REPO_ROOT / "slurm" / "lib").glob("*.sh")) + [REPO_ROOT / "slurm" / "ddp_one_file.sbatch"]
     out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SCRIPTS + libs)],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stdout

@@ -180,3 +180,42 @@ def ring_chart(world: int, title: str = ""):
         fig.suptitle(title)
     fig.tight_layout()
     _show()
+
+
+def launch_trees_chart(nodes: int = 2, gpus: int = 2):
+    """The processes of a multi-node job, both ways: ``srun`` starting a task per GPU (each task a rank), and
+    ``srun`` starting one ``torchrun`` per node that starts a worker per GPU (each worker a rank)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, agents, title in ((axes[0], False, "srun: a task per GPU"),
+                              (axes[1], True, "srun + torchrun: a task per node")):
+        width = 1.0 / nodes
+        ax.add_patch(plt.Rectangle((0.3, 0.86), 0.4, 0.1, color="#dddddd"))
+        ax.text(0.5, 0.91, "batch script (first node): srun", ha="center", va="center", fontsize=8)
+        for n in range(nodes):
+            x0 = n * width + 0.02
+            ax.add_patch(plt.Rectangle((x0, 0.02), width - 0.04, 0.72, fill=False, edgecolor="grey", linestyle="--"))
+            ax.text(x0 + 0.01, 0.70, f"node {n}", fontsize=8, va="top", color="grey")
+            top = 0.55
+            if agents:
+                ax.add_patch(plt.Rectangle((x0 + 0.1 * width, 0.45), 0.8 * width - 0.04, 0.12, color="#C44E52"))
+                ax.text(x0 + width / 2 - 0.02, 0.51, "torchrun (agent)", ha="center", va="center", fontsize=8,
+                        color="white")
+                ax.annotate("", xy=(x0 + width / 2 - 0.02, 0.57), xytext=(0.5, 0.86),
+                            arrowprops={"arrowstyle": "->", "color": "grey"})
+                top = 0.28
+            for g in range(gpus):
+                w = (width - 0.08) / gpus
+                gx = x0 + 0.02 + g * w
+                rank = n * gpus + g
+                ax.add_patch(plt.Rectangle((gx, top - 0.2), w - 0.02, 0.18, color="#4C72B0"))
+                ax.text(gx + (w - 0.02) / 2, top - 0.11, f"python: rank {rank}\nGPU {g}", ha="center", va="center",
+                        fontsize=7, color="white")
+                source = (x0 + width / 2 - 0.02, 0.45) if agents else (0.5, 0.86)
+                ax.annotate("", xy=(gx + (w - 0.02) / 2, top - 0.02), xytext=source,
+                            arrowprops={"arrowstyle": "->", "color": "grey", "alpha": 0.6})
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.axis("off")
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    _show()
