@@ -766,7 +766,7 @@ def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_
     (FT3's and Frontera's scripts are the same template with other #SBATCH lines: sbatch --test-only above; a
     request no node holds: tests/test_tune.py.)"""
     cluster, _, scripts = other_centre
-    search = ("--model cnn --epochs 3 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
+    search = ("--model cnn --epochs 5 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
               "--cpus-per-trial 32 --held-out 200 --scheduler fifo --nodes 1")
     env = {"COURSE_RUNS": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "tests" / "slow_imports"),
            "TRAIN_ARGS": search, **ONE_THREAD}
@@ -777,6 +777,7 @@ def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_
         assert (slurm.job_records(job) or [{}])[0].get("JobState") in ("PENDING", "CONFIGURING", "RUNNING")
         return any(search_dir.glob("*/checkpoint_*"))
 
+    # signalled at a trial's first checkpoint, with 4 of its 5 epochs to go: the search cannot end before the signal
     wait_until(first_trial_reported, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
                interval_s=0.5)
     slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
