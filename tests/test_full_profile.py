@@ -302,6 +302,7 @@ COVERED = {
            "total_mib": "test_00_storage", "small_kib": "test_00_storage"},
     "01": {"MODEL": "test_01_single_device", "N_TRAIN": "test_01_single_device", "N_VAL": "test_01_single_device",
            "EPOCHS": "test_01_single_device", "BATCH": "test_01_single_device", "if / step ==": "test_01_single_device",
+           "if / step == #2": "test_01_single_device",
            "settings / LadderSettings() / steps=": "test_01_single_device",
            "settings / LadderSettings() / untimed_steps=": "test_01_single_device",
            "settings / LadderSettings() / compile_on_cpu=": "test_01_single_device",
@@ -330,7 +331,7 @@ COVERED = {
            "batch": "test_03_scaling", "steps": "test_03_scaling"},
     "04": {"TRAIN_ARGS": "test_04_jobs", "records / slurm.wait() / timeout_s=": "test_04_jobs",
            "rec / slurm.wait() / timeout_s=": "test_04_jobs", "SWEEP_ARGS": "test_04_jobs",
-           "tasks / slurm.wait() / timeout_s=": "test_04_jobs"},
+           "tasks / slurm.wait() / timeout_s=": "test_04_jobs", "one_rec / slurm.wait() / timeout_s=": "test_04_jobs"},
     "05": {"return / --epochs": "test_05_fault_tolerance", "return / --n-train": "test_05_fault_tolerance",
            "return / --model": "test_05_fault_tolerance", "elastic_args": "test_05_fault_tolerance"},
     "06": {"PLAN / plan_demo() / wanted=": "test_06_lightning", "EPOCHS": "test_06_lightning",
@@ -404,6 +405,7 @@ def test_01_single_device(full):
     # where CIFAR-10 was downloaded the notebook trains on it: it holds 50,000 training and 10,000 test images
     assert n_train <= 50_000 and 2 * batch <= n_val <= 10_000, "the sizes fit CIFAR-10, validation a batch at least"
     assert full.pick("01", "if / step ==") < n_train // batch, "cell 3 stops inside the first epoch"
+    assert full.pick("01", "if / step == #2") < n_train // batch, "so does the loop with every rung on"
     steps = full.pick("01", "settings / LadderSettings() / steps=")
     untimed = full.pick("01", "settings / LadderSettings() / untimed_steps=")
     workers = min(full.pick("01", "settings / LadderSettings() / workers= / min()"), t.cores_per_node)
@@ -662,6 +664,7 @@ def test_04_jobs(target, monkeypatch):
     for label in ("records / slurm.wait() / timeout_s=", "tasks / slurm.wait() / timeout_s="):
         assert full.pick("04", label) >= limit_s
     assert full.pick("04", "rec / slurm.wait() / timeout_s=") >= limit_s, "plain_ddp.py's job"
+    assert full.pick("04", "one_rec / slurm.wait() / timeout_s=") >= limit_s, "the one-file job's"
 
 
 # --------------------------------------------------------------------------- #
