@@ -219,3 +219,30 @@ def launch_trees_chart(nodes: int = 2, gpus: int = 2):
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     _show()
+
+
+def bucket_overlap_chart(layers: int = 8, per_bucket: int = 3):
+    """DDP's backward, schematically: the layers' gradients computed last layer first, each bucket of
+    ``per_bucket`` layers all-reduced as soon as its last gradient is ready, while backward goes on; against one
+    bucket for the whole model, whose all-reduce can start only when backward has ended. Unit times, not a
+    measurement."""
+    fig, axes = plt.subplots(2, 1, figsize=(9, 3.4), sharex=True)
+    for ax, buckets, title in ((axes[0], per_bucket, f"buckets of {per_bucket} layers: all-reduce overlaps backward"),
+                               (axes[1], layers, "one bucket: the all-reduce waits for the whole backward")):
+        free_at = 0.0
+        for k in range(layers):  # backward of layer (layers - 1 - k) takes one unit
+            layer = layers - 1 - k
+            ax.barh(1, 0.95, left=k, color="#4C72B0")
+            ax.text(k + 0.47, 1, f"L{layer}", ha="center", va="center", color="white", fontsize=8)
+            if (k + 1) % buckets == 0 or k == layers - 1:
+                size = (k % buckets) + 1
+                start = max(k + 1, free_at)
+                ax.barh(0, 0.8 * size - 0.05, left=start, color="#DD8452")
+                ax.text(start + 0.4 * size, 0, f"{size} layers", ha="center", va="center", fontsize=8)
+                free_at = start + 0.8 * size
+        ax.axvline(free_at, color="grey", linestyle="--", linewidth=1)
+        ax.set_yticks([1, 0], ["backward", "all-reduce"])
+        ax.set_title(title, fontsize=10)
+    axes[1].set_xlabel("time (units of one layer's backward; schematic)")
+    fig.tight_layout()
+    _show()
