@@ -134,22 +134,33 @@ def check_strong_efficiency(efficiency: Callable[[Sequence[Mapping[str, float]]]
 
 
 # --------------------------------------------------------------------------- #
-# 00: where to unpack a data set of small files
+# 00: how large a file must be
 # --------------------------------------------------------------------------- #
-def check_small_files_plan(plan: Callable[[Mapping[str, float], int], tuple[dict[str, float], str]],
-                           files_per_s: Mapping[str, float], n_files: int) -> None:
-    """``plan(files_per_s, n_files)`` -> (seconds per folder for ``n_files`` files, the folder to use)."""
-    seconds, choice = plan(files_per_s, n_files)
-    want = {k: n_files / v for k, v in files_per_s.items()}
-    if set(seconds) != set(want):
-        raise WrongAnswer(f"estimate every folder measured: {sorted(want)}; you gave {sorted(seconds)}")
-    for k in want:
-        if not _close(seconds[k], want[k], 0.01):
-            raise WrongAnswer(f"{k}: {n_files:,} files at {files_per_s[k]:,.0f} files/s take {want[k]:.2f} s, "
-                              f"not {seconds[k]:.2f}")
-    if choice != min(want, key=want.get):
-        raise WrongAnswer(f"{choice} is not where these files go fastest here: {min(want, key=want.get)}")
-    passed(f"{n_files:,} files: {choice} is the fastest folder measured here")
+HALF_SPEED_CASES = ((1000.0, 64 * 1024, 100.0), (20_000.0, 16 * 1024, 2000.0), (300.0, 4096, 500.0))
+"""(files/s, bytes per file, MiB/s of one large file): a slow shared file system, a fast local disk, a metadata
+server far away; chosen so that each wrong model below misses at least one by far more than the tolerance."""
+
+
+def _half_speed(files_per_s: float, file_bytes: int, big_mib_per_s: float) -> float:
+    bandwidth = big_mib_per_s * 2**20
+    return max(0.0, 1 / files_per_s - file_bytes / bandwidth) * bandwidth
+
+
+def check_half_speed_size(size: Callable[[float, int, float], float],
+                          measured: Mapping[str, Mapping[str, float]]) -> None:
+    """``size(files_per_s, file_bytes, big_mib_per_s)``: bytes per file at which reading files runs at half
+    one large file's speed; judged on each folder this run measured (``measured[folder]`` holds the
+    three arguments) and on other storage."""
+    cases = [(m["files_per_s"], int(m["file_bytes"]), m["big_mib_per_s"], f"{folder} (measured here)")
+             for folder, m in measured.items()]
+    cases += [(*c, "another file system") for c in HALF_SPEED_CASES]
+    for files_per_s, file_bytes, big, where in cases:
+        got, want = size(files_per_s, file_bytes, big), _half_speed(files_per_s, file_bytes, big)
+        if not _close(float(got), want, 0.05) and not (want < 1024 and abs(float(got) - want) < 1024):
+            raise WrongAnswer(f"{where}: {files_per_s:,.0f} files/s of {file_bytes / 1024:,.0f} KiB, one large file "
+                              f"at {big:,.0f} MiB/s: you say {float(got) / 1024:,.1f} KiB, the measurements say "
+                              f"{want / 1024:,.1f} KiB. How much of a small file's time is its bytes?")
+    passed("a file costs a fixed time plus its bytes; at this size the two are equal")
 
 
 # --------------------------------------------------------------------------- #
@@ -391,6 +402,6 @@ def _workers_hint(got: Any, want: int, w: float, c: float, cores: int) -> str:
 
 __all__ = [
     "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_interleaved_bubble", "check_lost_seconds", "check_optimizer_steps",
-    "check_ring_bytes", "check_small_files_plan", "check_smallest_stage", "check_srun_request",
+    "check_ring_bytes", "check_half_speed_size", "check_smallest_stage", "check_srun_request",
     "check_plan_workers", "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
 ]

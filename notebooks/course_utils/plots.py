@@ -8,6 +8,9 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
 
+PALETTE = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3")
+
+
 def _show() -> None:
     """Show the figure now, once, and close it. The helpers return nothing: a returned Figure is shown a second time
     where a cell's trailing `;` does not silence it (nbval runs cells with store_history=False, and make site renders
@@ -30,6 +33,28 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title
     for i, v in enumerate(values):
         if v == v:  # skip NaN
             ax.text(v, i, " " + annotate.format(v), va="center", fontsize=9)
+    fig.tight_layout()
+    _show()
+
+
+def paired_bars(groups: Sequence[str], series: dict[str, Sequence[float]], xlabel: str, title: str,
+                log: bool = True, annotate: str = "{:,.0f}"):
+    """Horizontal bars, one colour per series, side by side within each group; a log axis by default,
+    so that a bar 100 times shorter than its neighbour is still seen."""
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(groups) * len(series) + 1.4))
+    height = 0.8 / len(series)
+    for k, (name, values) in enumerate(series.items()):
+        y = [i + (k - (len(series) - 1) / 2) * height for i in range(len(groups))]
+        ax.barh(y, values, height=height, label=name, color=PALETTE[k % len(PALETTE)])
+        for yi, v in zip(y, values):
+            ax.text(v, yi, " " + annotate.format(v), va="center", fontsize=8)
+    ax.set_yticks(range(len(groups)), groups)
+    ax.invert_yaxis()
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     _show()
 

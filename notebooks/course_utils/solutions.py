@@ -10,9 +10,11 @@ import math
 from collections.abc import Mapping, Sequence
 
 
-def small_files_plan(files_per_s: Mapping[str, float], n_files: int) -> tuple[dict[str, float], str]:
-    seconds = {folder: n_files / rate for folder, rate in files_per_s.items()}
-    return seconds, min(seconds, key=seconds.get)
+def half_speed_size(files_per_s: float, file_bytes: int, big_mib_per_s: float) -> float:
+    bandwidth = big_mib_per_s * 2**20  # bytes/s once a file is open
+    per_file = 1 / files_per_s - file_bytes / bandwidth  # what a file costs beyond its bytes: open, metadata, close
+    # a file of size s takes per_file + s / bandwidth: half speed where both terms are equal
+    return max(0.0, per_file) * bandwidth
 
 
 def accumulation(global_batch: int, fits: int) -> tuple[int, int]:

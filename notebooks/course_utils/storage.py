@@ -188,6 +188,22 @@ def measure_writes(
     return results
 
 
+def read_speed(folder: str | Path, file_bytes: int, total_bytes: int, max_files: int | None = None) -> float:
+    """MiB/s reading files of ``file_bytes`` each (about ``total_bytes`` in all, at most ``max_files``
+    files), written with ``fsync`` and dropped from the page cache first, as :func:`measure_writes`'s
+    read rows are: the measurement behind notebook 00's exercise."""
+    n_files = max(1, total_bytes // max(1, file_bytes))
+    if max_files is not None:
+        n_files = min(n_files, max_files)
+    work = Path(tempfile.mkdtemp(prefix=".course-io-", dir=folder))
+    try:
+        _write_files(work, n_files, file_bytes, fsync=True)
+        seconds = _read_files(work, n_files)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return n_files * file_bytes / 2**20 / seconds
+
+
 def results_table(results: list[WriteResult]) -> str:
     rows = [f"{'target':10s} {'op':5s} {'pattern':18s} {'fsync':5s} {'MiB/s':>9s} {'files/s':>10s}"]
     for r in results:
