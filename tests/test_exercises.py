@@ -72,6 +72,21 @@ def test_strong_efficiency_checker(wrong):
         exercises.check_strong_efficiency(wrong, ROWS)
 
 
+@pytest.mark.parametrize("wrong", [
+    lambda model: True,                                                        # accumulation is always exact
+    lambda model: False,                                                       # never
+    lambda model: not any("Norm" in type(m).__name__ for m in model.modules()),  # GroupNorm too
+])
+def test_accumulation_exact_checker(wrong):
+    from course_utils.models import build_model
+
+    models = {name: build_model(name) for name in ("cnn", "cnn-gn", "mlp")}
+    gaps = exercises.check_accumulation_exact(solutions.accumulation_is_exact, models)
+    assert gaps["cnn"] > 1e-3 and gaps["cnn-gn"] < 1e-12, "measured: BatchNorm's step differs, GroupNorm's does not"
+    with pytest.raises(WrongAnswer):
+        exercises.check_accumulation_exact(wrong, models)
+
+
 # notebook 00's read rows on this machine's disk (16 KiB files, fsync'd, pages dropped)
 READS = {"cwd": {"files_per_s": 9000.0, "file_bytes": 16 * 1024, "big_mib_per_s": 1800.0}}
 
@@ -94,27 +109,65 @@ def test_half_speed_size_checker(wrong):
 
 
 @pytest.mark.parametrize("wrong", [
-    lambda t, every: every / 2,              # the average, not this failure
-    lambda t, every: every - t % every,      # the time to the next checkpoint
-    lambda t, every: t,                      # as if nothing had been saved
+    lambda w, m: math.sqrt(w * m),             # a failure costs a whole interval, not half of one
+    lambda w, m: 2 * math.sqrt(w * m),         # ... or writing counted twice
+    lambda w, m: m / 2,                        # half the time between failures
+    lambda w, m: math.sqrt(2 * w * m / 512),   # the MTBF divided again
+    lambda w, m: 0.0,                          # never
 ])
-def test_lost_seconds_checker(wrong):
-    exercises.check_lost_seconds(solutions.lost_seconds)
+def test_best_interval_checker(wrong):
+    exercises.check_best_interval(solutions.best_interval, 0.03)
     with pytest.raises(WrongAnswer):
-        exercises.check_lost_seconds(wrong)
+        exercises.check_best_interval(wrong, 0.03)
+
+
+def test_the_replayed_failures_cost_what_the_model_says():
+    """The notebook's measurement: a replay of random failures, whose waste is least near the model's interval."""
+    from course_utils.failures import replay_failures
+
+    w, m = 10.0, 3600.0
+    best = solutions.best_interval(w, m)
+    waste = {f: replay_failures(f * best, w, m, work_s=3000 * best)["waste"] for f in (0.5, 1, 2)}
+    assert waste[1] < min(waste[0.5], waste[2])
+    assert waste[1] == pytest.approx(w / best + best / (2 * m), rel=0.15)
+    no_failures = replay_failures(100.0, 1.0, 1e12, work_s=1000.0)
+    assert no_failures["lost"] == 0 and no_failures["writing"] == pytest.approx(10 / 1010)
+
+
+def _fixed(*steps):
+    """A repair that applies only some of the reference's fixes."""
+    fixes = {"tasks": lambda t: t.replace("--ntasks-per-node=1 ", "--ntasks-per-node=4 "),
+             "cores": lambda t: t.replace("--cpus-per-task=16 ", "--cpus-per-task=4 "),
+             "srun cpus": lambda t: t.replace("\nsrun ", "\nexport SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK\nsrun ", 1),
+             "rendezvous": lambda t: t.replace("\nsrun ", "\nexport MASTER_ADDR MASTER_PORT\nsrun ", 1)}
+
+    def repair(text):
+        for step in steps:
+            text = fixes[step](text)
+        return text
+    return repair
 
 
 @pytest.mark.parametrize("wrong", [
-    lambda n, g, c: {"--nodes": n, "--ntasks-per-node": 1, "--cpus-per-task": c},        # torchrun's pattern
-    lambda n, g, c: {"--nodes": n, "--ntasks-per-node": g, "--cpus-per-task": c},        # every task the whole node
-    lambda n, g, c: {"--nodes": n * g, "--ntasks-per-node": 1, "--cpus-per-task": c // g},  # a node per GPU
+    _fixed(),                                                   # as the colleague wrote it
+    _fixed("tasks", "srun cpus", "rendezvous"),                 # 4 tasks of 16 cores on a 16-core node
+    _fixed("tasks", "cores", "rendezvous"),                     # every rank on one core
+    _fixed("tasks", "cores", "srun cpus"),                      # the ranks never find rank 0
+    lambda t: _fixed("tasks", "cores", "srun cpus", "rendezvous")(t).replace(
+        '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "$SLURM_JOB_NODELIST"),  # a node list
+    lambda t: solutions.repaired_sbatch(t).replace("then", "").replace("srun bash", "if srun bash"),  # no bash
 ])
-def test_srun_request_checker(wrong):
-    sites = slurm.site_scripts()
-    assert set(sites) == {"ft3", "frontera", "generic"}
-    exercises.check_srun_request(solutions.srun_request, sites)
+def test_sbatch_repair_checker(wrong):
+    from course_utils.paths import REPO_ROOT
+
+    gpus, cores, options = slurm.site_scripts()["frontera"]
+    attempt = exercises.colleagues_attempt((REPO_ROOT / "slurm" / "ddp_one_file.sbatch").read_text(), gpus, cores)
+    exercises.check_sbatch_repair(solutions.repaired_sbatch, attempt, gpus, cores, options)
+    exercises.check_sbatch_repair(lambda t: t.replace("MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\""
+                                                      " | head -n 1)", "MASTER_ADDR=$(hostname)"),
+                                  solutions.repaired_sbatch(attempt), gpus, cores, options)  # also right
     with pytest.raises(WrongAnswer):
-        exercises.check_srun_request(wrong, sites)
+        exercises.check_sbatch_repair(wrong, attempt, gpus, cores, options)
 
 
 def test_a_learners_run_all_stops_at_the_exercise_with_what_to_do(monkeypatch, tmp_path):

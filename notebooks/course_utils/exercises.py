@@ -95,6 +95,43 @@ def check_accumulation(plan: Callable[[int, int], tuple[int, int]], steps: Mappi
     passed("the global batch is kept, every micro-batch fits, and the optimiser took the same number of steps")
 
 
+def accumulation_gap(model: Any, global_batch: int = 8, micro_batch: int = 2, image: tuple = (3, 32, 32)) -> float:
+    """One step's gradient from a batch of ``global_batch`` against the same images as micro-batches whose
+    gradients are added (each loss scaled by its share): the largest difference, relative to the largest
+    gradient, on the CPU, in float64 so that rounding stays far below what a model can make of it."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x, y = torch.randn(global_batch, *image, dtype=torch.float64), torch.randint(0, 10, (global_batch,))
+    whole, parts = copy.deepcopy(model).double().cpu().train(), copy.deepcopy(model).double().cpu().train()
+    F.cross_entropy(whole(x), y).backward()
+    for xs, ys in zip(x.split(micro_batch), y.split(micro_batch)):
+        (F.cross_entropy(parts(xs), ys) * len(xs) / global_batch).backward()
+    a = torch.cat([p.grad.flatten() for p in whole.parameters()])
+    b = torch.cat([p.grad.flatten() for p in parts.parameters()])
+    return ((a - b).abs().max() / a.abs().max()).item()
+
+
+def check_accumulation_exact(is_exact: Callable[[Any], bool], models: Mapping[str, Any],
+                             image: tuple = (3, 32, 32)) -> dict[str, float]:
+    """``is_exact(model)``: whether accumulated micro-batches give exactly the global batch's gradient, judged
+    by measuring one step both ways (:func:`accumulation_gap`) on each of ``models``. Returns the gaps."""
+    gaps = {name: accumulation_gap(model, image=image) for name, model in models.items()}
+    for name, model in models.items():
+        exact, said = gaps[name] < 1e-9, is_exact(model)
+        if not isinstance(said, bool):
+            raise WrongAnswer(f"{name}: return True or False, not {said!r}")
+        if said != exact:
+            raise WrongAnswer(f"{name}: you say {'exact' if said else 'not exact'}; one step measured both ways "
+                              f"differs by {gaps[name]:.1e} of the largest gradient. Which of its layers look at "
+                              "more than one image at a time?")
+    passed(", ".join(f"{name} {'exact' if g < 1e-9 else f'off by {g:.0e}'}" for name, g in gaps.items()))
+    return gaps
+
+
 # --------------------------------------------------------------------------- #
 # 02: what a ring all-reduce sends
 # --------------------------------------------------------------------------- #
@@ -164,43 +201,109 @@ def check_half_speed_size(size: Callable[[float, int, float], float],
 
 
 # --------------------------------------------------------------------------- #
-# 04: a Slurm request, one task per GPU
+# 04: an sbatch script to repair
 # --------------------------------------------------------------------------- #
-def check_srun_request(request: Callable[[int, int, int], Mapping[str, int]],
-                       sites: Mapping[str, tuple[int, int, Mapping[str, str]]]) -> None:
-    """``request(nodes, gpus_per_node, cores_per_node)`` -> ``--nodes``, ``--ntasks-per-node`` and
-    ``--cpus-per-task`` for the srun pattern (a task per GPU), against each site's generated script:
-    ``sites[name] = (gpus_per_node, cores_per_node, that script's #SBATCH options)``."""
-    for site, (gpus, cores, options) in sites.items():
-        nodes = int(options["--nodes"])
-        got = {k: int(v) for k, v in request(nodes, gpus, cores).items()}
-        want = {k: int(options[k]) for k in ("--nodes", "--ntasks-per-node", "--cpus-per-task")}
-        if got != want:
-            wrong = {k: f"{got.get(k)} (the script: {v})" for k, v in want.items() if got.get(k) != v}
-            raise WrongAnswer(f"{site} ({gpus} GPUs and {cores} cores per node): {wrong}. One task per GPU, "
-                              "and each task gets its share of the node's cores for its DataLoader workers")
-    passed(f"your request matches the generated scripts of {', '.join(sites)}")
+def colleagues_attempt(one_file: str, gpus: int, cores: int) -> str:
+    """Notebook 04's one-file sbatch as a colleague adapted it to nodes of ``gpus`` GPUs and ``cores`` cores:
+    one task per node with all its cores, the ``SRUN_CPUS_PER_TASK`` line dropped, the rendezvous not exported."""
+    lines, out = one_file.splitlines(), []
+    for k, line in enumerate(lines):
+        if line.startswith("#SBATCH --ntasks-per-node="):
+            line = f"#SBATCH --ntasks-per-node=1        # ... one task on each, for its {gpus} GPUs"
+        elif line.startswith("#SBATCH --cpus-per-task="):
+            line = f"#SBATCH --cpus-per-task={cores}         # all {cores} cores of the node"
+        elif line.startswith("#SBATCH --job-name="):
+            line = "#SBATCH --job-name=ddp-frontera"
+        elif "SRUN_CPUS_PER_TASK" in line or line.startswith("export MASTER_ADDR"):
+            while out and out[-1].startswith("# ") and "shellcheck" not in out[-1]:
+                out.pop()  # its comment goes with it
+            continue
+        out.append(line)
+    attempt = "\n".join(out) + "\n"
+    if attempt.count("\n") != len(lines) - 4 or "--ntasks-per-node=1 " not in attempt:
+        raise RuntimeError("notebook 04's exercise starts from slurm/ddp_one_file.sbatch's lines, which changed: "
+                           "update course_utils.exercises.colleagues_attempt with them")
+    return attempt
+
+
+def _tasks_environment(script: str, cpus_per_task: str) -> dict[str, str]:
+    """Run the script's shell lines with Slurm's commands replaced by stand-ins, and return the environment its
+    srun would hand to the tasks (what the batch shell exported)."""
+    import subprocess
+    import tempfile
+
+    stand_ins = ('scontrol() { printf "c123-001\\nc123-002\\n"; }\n'
+                 "hostname() { echo c123-001; }\n"  # the batch shell runs on the job's first node'
+                 "source() { :; }\n"  # the environment's activation
+                 'srun() { env | grep -E "^(MASTER_ADDR|MASTER_PORT|SRUN_CPUS_PER_TASK)=" || true; }\n')
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_NODELIST": "c123-[001-002]",
+               "SLURM_CPUS_PER_TASK": cpus_per_task, "HOME": tmp}
+        run = subprocess.run(["bash", "-c", stand_ins + script], capture_output=True, text=True, env=env,
+                             cwd=tmp, timeout=30)
+    if run.returncode:
+        raise WrongAnswer(f"the script's shell lines fail (exit {run.returncode}): {run.stderr.strip()[-300:]}")
+    return dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+
+
+def check_sbatch_repair(repair: Callable[[str], str], attempt: str, gpus: int, cores: int,
+                        site_options: Mapping[str, str]) -> None:
+    """``repair(attempt)`` -> the script, repaired: one rank per GPU, each with its share of the cores (as
+    ``slurm/generate.py`` wrote the site's script, ``site_options``), and every variable the ranks need
+    exported to them. Judged by parsing its ``#SBATCH`` lines and running its shell lines with Slurm's
+    commands replaced by stand-ins."""
+    import subprocess
+
+    from .slurm import parse_sbatch_options
+
+    script = repair(attempt)
+    syntax = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    if syntax.returncode:
+        raise WrongAnswer(f"bash cannot parse the script: {syntax.stderr.strip()}")
+    options = parse_sbatch_options(script)
+    tasks, cpus = options.get("--ntasks-per-node", "1"), options.get("--cpus-per-task", "1")
+    if options.get("--nodes") != "2":
+        raise WrongAnswer(f"--nodes={options.get('--nodes')}: the job is for 2 nodes")
+    if tasks != str(gpus):
+        raise WrongAnswer(f"--ntasks-per-node={tasks}: srun starts that many ranks per node, and NCCL drives one "
+                          f"GPU per rank: {gpus} GPUs per node")
+    if cpus != site_options["--cpus-per-task"]:
+        raise WrongAnswer(f"--cpus-per-task={cpus} for {tasks} tasks on a node of {cores} cores: "
+                          f"slurm/generate.py's script asks for {site_options['--cpus-per-task']}")
+    env = _tasks_environment(script, cpus)
+    if env.get("SRUN_CPUS_PER_TASK") != cpus:
+        raise WrongAnswer(f"the tasks get SRUN_CPUS_PER_TASK={env.get('SRUN_CPUS_PER_TASK')}: since Slurm 22.05 "
+                          "srun no longer passes --cpus-per-task on, so every rank would share one core")
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+    if missing:
+        raise WrongAnswer(f"srun's tasks do not get {' and '.join(missing)}: a variable the batch shell sets "
+                          "reaches srun's tasks only when it is exported")
+    if env["MASTER_ADDR"] != "c123-001":
+        raise WrongAnswer(f"MASTER_ADDR={env['MASTER_ADDR']}: rank 0 runs on the first node of the job's node list")
+    passed(f"{options['--nodes']} nodes x {tasks} ranks, {cpus} cores each, the rendezvous and the cores exported")
 
 
 # --------------------------------------------------------------------------- #
-# 05: what a failure costs between checkpoints
+# 05: how often to checkpoint
 # --------------------------------------------------------------------------- #
-def check_lost_seconds(lost: Callable[[float, float], float]) -> None:
-    """``lost(t_fail, every)``: seconds trained since the last checkpoint (written at every,
-    2 x every, ...) when the job dies ``t_fail`` seconds in; replayed on a checkpoint timeline."""
-    import random
+INTERVAL_CASES = ((10.0, 3600.0), (30.0, 86_400.0 * 30 / 512), (0.05, 86_400.0), (120.0, 86_400.0 * 7))
+"""(seconds per checkpoint write, mean time between failures): a node failing hourly, a month's node MTBF over 512
+nodes, this course's small model on a laptop, a large model's state on a shared file system with a week's MTBF."""
 
-    rng = random.Random(1)
-    cases = [(30.0, 100.0), (100.0, 100.0), (250.0, 100.0), (0.5, 0.2)]
-    cases += [(rng.uniform(0, 10_000), rng.uniform(1, 1_000)) for _ in range(200)]
-    for t_fail, every in cases:
-        written = [k * every for k in range(1, int(t_fail // every) + 2) if k * every <= t_fail]
-        want = t_fail - (written[-1] if written else 0.0)
-        got = lost(t_fail, every)
-        if not abs(got - want) <= 1e-6 * max(1.0, t_fail):
-            raise WrongAnswer(f"a job checkpointing every {every:.1f} s that dies at {t_fail:.1f} s last saved at "
-                              f"{t_fail - want:.1f} s, so it loses {want:.1f} s, not {got:.1f}")
-    passed("the work since the last checkpoint is what a failure costs")
+
+def check_best_interval(interval: Callable[[float, float], float], write_s: float) -> None:
+    """``interval(write_s, mtbf_s)``: the checkpoint interval that wastes least, judged against the interval that
+    minimises writing time plus expected lost work (on this machine's ``write_s`` and on other cases)."""
+    cases = [(write_s, m) for m in (3600.0, 86_400.0)] + list(INTERVAL_CASES)
+    for w, m in cases:
+        got, want = float(interval(w, m)), math.sqrt(2 * w * m)
+        if not _close(got, want, 0.1):
+            waste = lambda t: w / t + t / (2 * m)  # noqa: E731  (the expected share of the run wasted)
+            said = f"{waste(got):.2%}" if got > 0 and math.isfinite(got) else "no checkpoint at all"
+            raise WrongAnswer(f"a write of {w:g} s, a failure every {m / 3600:,.1f} h on average: you say every "
+                              f"{got:,.0f} s, which wastes {said} of the run; every {want:,.0f} s wastes "
+                              f"{waste(want):.2%}. What does one failure cost on average, and how often does it come?")
+    passed("the interval where writing and expected lost work cost the same")
 
 
 # --------------------------------------------------------------------------- #
@@ -401,7 +504,7 @@ def _workers_hint(got: Any, want: int, w: float, c: float, cores: int) -> str:
 
 
 __all__ = [
-    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_interleaved_bubble", "check_lost_seconds", "check_optimizer_steps",
-    "check_ring_bytes", "check_half_speed_size", "check_smallest_stage", "check_srun_request",
+    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_accumulation_exact", "check_interleaved_bubble", "check_best_interval", "check_optimizer_steps",
+    "check_ring_bytes", "check_half_speed_size", "check_smallest_stage", "check_sbatch_repair", "colleagues_attempt",
     "check_plan_workers", "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
 ]

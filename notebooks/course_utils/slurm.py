@@ -237,8 +237,13 @@ def release(job_id: int, delay_s: int = 3) -> None:
 
 def sbatch_options(script: str | Path) -> dict[str, str]:
     """The ``#SBATCH --key=value`` lines of a batch script."""
+    return parse_sbatch_options(Path(script).read_text())
+
+
+def parse_sbatch_options(text: str) -> dict[str, str]:
+    """The ``#SBATCH --key=value`` lines of a batch script's text (a later line wins, as in sbatch)."""
     options = {}
-    for line in Path(script).read_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("#SBATCH --") and "=" in line:
             key, value = line[len("#SBATCH "):].split("=", 1)
             options[key] = value.split()[0]

@@ -22,6 +22,13 @@ def accumulation(global_batch: int, fits: int) -> tuple[int, int]:
     return global_batch // accum, accum
 
 
+def accumulation_is_exact(model) -> bool:
+    from torch import nn
+
+    # BatchNorm normalises with the statistics of the batch it sees: 4 micro-batches of 32 are not one of 128
+    return not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
 def ring_bytes(nbytes: int, world: int) -> float:
     # reduce-scatter and all-gather: N-1 steps each, one chunk of S/N per step
     return 2 * (world - 1) * nbytes / world
@@ -32,12 +39,17 @@ def strong_efficiency(rows: Sequence[Mapping[str, float]]) -> list[float]:
     return [t1 / (r["world_size"] * r["seconds"]) for r in rows]
 
 
-def lost_seconds(t_fail: float, every: float) -> float:
-    return t_fail % every  # the last checkpoint was written at floor(t_fail / every) * every
+def best_interval(write_s: float, mtbf_s: float) -> float:
+    # per second of training: write_s / every spent writing, and a failure (1 / mtbf_s per second) loses
+    # every / 2 on average; d/d(every) of write_s / every + every / (2 * mtbf_s) is zero at (Young, 1974):
+    return math.sqrt(2 * write_s * mtbf_s)
 
 
-def srun_request(nodes: int, gpus_per_node: int, cores_per_node: int) -> dict[str, int]:
-    return {"--nodes": nodes, "--ntasks-per-node": gpus_per_node, "--cpus-per-task": cores_per_node // gpus_per_node}
+def repaired_sbatch(attempt: str) -> str:
+    repaired = attempt.replace("--ntasks-per-node=1 ", "--ntasks-per-node=4 ")  # one rank per GPU
+    repaired = repaired.replace("--cpus-per-task=16 ", "--cpus-per-task=4 ")     # 16 cores shared by 4 ranks
+    # srun no longer passes --cpus-per-task on (Slurm >= 22.05); and srun's tasks see only what is exported
+    return repaired.replace("\nsrun ", "\nexport SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK MASTER_ADDR MASTER_PORT\nsrun ", 1)
 
 
 def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
