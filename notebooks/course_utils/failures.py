@@ -11,17 +11,19 @@ import random
 
 
 def replay_failures(every_s: float, write_s: float, mtbf_s: float, work_s: float, seed: int = 0) -> dict[str, float]:
-    """Replay a job of ``work_s`` seconds of training: its wall time, and the shares of it spent writing and lost."""
+    """Replay a job of ``work_s`` seconds of training: its wall time, and the shares of it spent writing and lost.
+    One draw per failure: between two failures the job completes every whole segment-and-write that fits."""
     rng = random.Random(seed)
+    cost = every_s + write_s  # one segment and its checkpoint
     done = wall = written = lost = 0.0
-    next_failure = rng.expovariate(1 / mtbf_s)
-    while done < work_s:
-        segment = min(every_s, work_s - done)
-        cost = segment + write_s
-        if wall + cost <= next_failure:  # trained, and the checkpoint is on disk
-            wall, done, written = wall + cost, done + segment, written + write_s
-            continue
-        lost += next_failure - wall  # the segment (and any half-written checkpoint) is gone
-        wall = next_failure
-        next_failure = wall + rng.expovariate(1 / mtbf_s)
+    while True:
+        gap = rng.expovariate(1 / mtbf_s)  # until the next failure
+        left = work_s - done
+        whole, tail = divmod(left, every_s)
+        finish = whole * cost + (tail + write_s if tail > 1e-9 * every_s else 0.0)
+        if gap >= finish:  # the job ends first
+            wall, written = wall + finish, written + (finish - left)
+            break
+        k = min(int(gap // cost), int(whole))  # checkpoints on disk before the failure
+        done, written, lost, wall = done + k * every_s, written + k * write_s, lost + gap - k * cost, wall + gap
     return {"wall_s": wall, "writing": written / wall, "lost": lost / wall, "waste": (wall - work_s) / wall}
