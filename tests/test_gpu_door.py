@@ -504,6 +504,7 @@ AROUND_THE_DOOR = {"init_process_group", "set_device", "device_count", "is_avail
 COUNTS_GPUS_TO_LAUNCH = {"benchmark_ddp.py": {"device_count"}}  # starts torchrun runs, is never a rank itself
 USERS_OWN = "plain_ddp.py"  # the researcher's own script: no course_utils, but set_device before the group
 HOROVOD_OWN = "plain_horovod.py"  # the same script in Horovod (hvd.init, then set_device); not run here
+SINGLE_OWN = "plain_single.py"  # the one-device script plain_ddp.py makes distributed (notebook 03's diff): no group
 
 
 def _calls(path):
@@ -522,7 +523,7 @@ def test_every_script_gets_its_device_and_group_through_the_door():
 
     around = {}
     for path in sorted(SCRIPTS.glob("*.py")):
-        if path.name in (USERS_OWN, HOROVOD_OWN):
+        if path.name in (USERS_OWN, HOROVOD_OWN, SINGLE_OWN):
             continue
         allowed = COUNTS_GPUS_TO_LAUNCH.get(path.name, set())
         bad = [f"{name}() line {line}" for name, line in _calls(path) if name in AROUND_THE_DOOR - allowed]

@@ -4,6 +4,7 @@ would be shown a second time)."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import re
 import shlex
@@ -52,6 +53,18 @@ def show_lines(file: str | Path, start: str, end: str | None = None) -> None:
         stop = next((i for i in range(first + 1, len(lines)) if not lines[i].strip()), len(lines))
         shown = lines[first:stop]
     _display(textwrap.dedent("\n".join(shown)), LANGUAGES.get(path.suffix, "text"))
+
+
+def show_diff(old: str | Path, new: str | Path) -> None:
+    """The lines that change from script ``old`` to script ``new`` (a unified diff of their code from the first
+    ``import`` on, blank lines left out, one line of context around each change)."""
+
+    def body(file: str | Path) -> list[str]:
+        lines = [line for line in _path(file).read_text().splitlines() if line.strip()]
+        return lines[next(i for i, line in enumerate(lines) if line.startswith(("import ", "from "))):]
+
+    diff = difflib.unified_diff(body(old), body(new), Path(old).name, Path(new).name, lineterm="", n=1)
+    _display("\n".join(line for line in diff if not line.startswith("@@")), "diff")
 
 
 def show_matching(file: str | Path, pattern: str) -> None:
