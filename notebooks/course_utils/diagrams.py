@@ -149,3 +149,61 @@ def checkpoint_timeline_chart(every: int = 5, fail_at: float = 13.0, restart: fl
                  "steps since the last one, plus the restart", fontsize=10)
     fig.tight_layout()
     _show()
+
+
+def zero_stages_chart(ranks: int = 4):
+    """What each rank holds per parameter under DDP and ZeRO-1, -2, -3, for mixed-precision Adam (Rajbhandari et
+    al., 2020): 2 bytes of bf16 weights, 2 of gradients, 12 of fp32 optimizer state (master weights, momentum,
+    variance). A part a stage shards is drawn 1/``ranks`` as long: each rank keeps its own slice."""
+    parts = (("weights (2)", 2.0, PALETTE[0]), ("gradients (2)", 2.0, PALETTE[1]), ("optimizer state (12)", 12.0, PALETTE[2]))
+    stages = (("DDP (stage 0)", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3))
+    fig, ax = plt.subplots(figsize=(9, 2.8))
+    for row, (name, stage) in enumerate(stages):
+        left = 0.0
+        for k, (label, size, colour) in enumerate(parts):
+            sharded = {0: stage >= 3, 1: stage >= 2, 2: stage >= 1}[k]
+            width = size / ranks if sharded else size
+            ax.barh(row, width, left=left, color=colour, hatch="//" if sharded else None, edgecolor="white",
+                    label=label if row == 0 else None)
+            left += width
+        ax.text(left + 0.2, row, f"{left:g} bytes per parameter", va="center", fontsize=8)
+    ax.set_yticks(range(len(stages)), [s[0] for s in stages])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 19)
+    ax.set_xlabel(f"bytes per parameter on each of {ranks} ranks (hatched: sharded, 1/{ranks} each)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("what each ZeRO stage shards (mixed-precision Adam)", fontsize=10)
+    fig.tight_layout()
+    _show()
+
+
+def column_row_chart(ranks: int = 2):
+    """Megatron's split of an MLP over ``ranks`` ranks: the first matrix A by columns, the second B by rows. Each
+    rank computes X·A_r, then (X·A_r)·B_r, a partial sum of the output; one all-reduce adds them."""
+    colours = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+
+    def block(x, y, w, h, text, colour="#dddddd", alpha=1.0):
+        ax.add_patch(plt.Rectangle((x, y), w, h, facecolor=colour, edgecolor="black", alpha=alpha))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
+
+    block(0.0, 0.3, 0.8, 1.4, "X\n(every rank)")
+    for r in range(ranks):  # A's columns
+        block(1.2 + r * 0.7, 0.3, 0.7, 1.4, f"A cols\nrank {r}", colours(r), 0.6)
+    ax.text(1.2 + ranks * 0.35, 1.85, "A split by columns", ha="center", fontsize=9)
+    x0 = 1.6 + ranks * 0.7
+    for r in range(ranks):  # B's rows
+        block(x0, 1.7 - (r + 1) * 1.4 / ranks, 1.4, 1.4 / ranks, f"B rows, rank {r}", colours(r), 0.6)
+    ax.text(x0 + 0.7, 1.85, "B split by rows", ha="center", fontsize=9)
+    x1 = x0 + 1.8
+    for r in range(ranks):
+        block(x1, 1.7 - (r + 1) * 1.4 / ranks, 1.6, 1.4 / ranks - 0.05, f"rank {r}: GeLU(X·A_r)·B_r", colours(r), 0.6)
+    ax.annotate("", xy=(x1 + 2.1, 1.0), xytext=(x1 + 1.65, 1.0), arrowprops={"arrowstyle": "->"})
+    block(x1 + 2.15, 0.6, 1.3, 0.8, "all-reduce:\nsum = GeLU(X·A)·B")
+    ax.text(x1 + 0.8, 0.05, "no communication until here", ha="center", fontsize=8, color="grey")
+    ax.set_xlim(-0.1, x1 + 3.6)
+    ax.set_ylim(0, 2.1)
+    ax.axis("off")
+    ax.set_title(f"a tensor-parallel MLP on {ranks} ranks: one all-reduce forward (and one backward)", fontsize=10)
+    fig.tight_layout()
+    _show()
