@@ -81,13 +81,20 @@ def stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ylabe
 
 
 def line_chart(x: Sequence[float] | None, series: dict[str, Sequence], xlabel: str, ylabel: str,
-               title: str, logx: bool = False, logy: bool = False, steps: bool = False):
+               title: str, logx: bool = False, logy: bool = False, steps: bool = False,
+               integer_x: bool = False, reference: tuple[float, str] | None = None):
     """One line per series over ``x``; a series given as ``(xs, ys)`` has its own x (then ``x`` may be None).
-    ``steps``: hold each value until the next (a best-so-far, a setting that changes at points)."""
+    ``steps``: hold each value until the next (a best-so-far, a setting that changes at points); ``integer_x``:
+    ticks at whole numbers only (workers, ranks); ``reference``: a dashed horizontal line (value, label)."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for name, ys in series.items():
         xs, ys = ys if isinstance(ys, tuple) else (x, ys)
         ax.plot(xs, ys, marker="o", label=name, drawstyle="steps-post" if steps else "default")
+    if reference is not None:
+        ax.axhline(reference[0], color="grey", linestyle="--", linewidth=1, label=reference[1])
+        ax.set_ylim(top=max(ax.get_ylim()[1], 1.08 * reference[0]))
+    if integer_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -95,8 +102,8 @@ def line_chart(x: Sequence[float] | None, series: dict[str, Sequence], xlabel: s
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-    if len(series) > 1:
-        ax.legend()
+    if len(series) > 1 or reference is not None:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     _show()
@@ -160,5 +167,37 @@ def trial_curves(searches: dict[str, list[dict]], metric: str = "val_loss", titl
     axes[0][0].legend(loc="upper right")
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    _show()
+
+
+def shard_deal_chart(deals: dict[str, Sequence], workers: int, title: str = ""):
+    """How shards are dealt to ranks x workers, one panel per epoch: ``deals[label]`` holds one
+    :class:`~course_utils.data.shards.ShardDataset` per rank, its epoch set. The epoch's shards lie end to end
+    in the order that epoch shuffled them (grey boundaries); each reader's bar covers the samples it reads."""
+    fig, axes = plt.subplots(len(deals), 1, figsize=(9, (0.32 * workers * len(next(iter(deals.values()))) + 0.9)
+                                                     * len(deals)), squeeze=False)
+    for ax, (label, ranks) in zip(axes[:, 0], deals.items()):
+        sizes = {s["name"]: s["samples"] for s in ranks[0].manifest["shards"]}
+        offset, start = {}, 0
+        for k, name in enumerate(ranks[0].shard_order()):
+            offset[name] = start
+            ax.axvspan(start, start + sizes[name], color="#eeeeee" if k % 2 else "#ffffff", zorder=0)
+            ax.text(start + sizes[name] / 2, -0.9, name.split(".")[0], ha="center", fontsize=7, color="grey")
+            start += sizes[name]
+        rows = []
+        for rank, ds in enumerate(ranks):
+            for w in range(workers):
+                for name, first, stop in ds.plan(w, workers):
+                    ax.barh(len(rows), stop - first, left=offset[name] + first, color=PALETTE[rank % len(PALETTE)],
+                            alpha=0.9 - 0.3 * w, edgecolor="white")
+                rows.append(f"rank {rank}, worker {w}")
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -1.3)  # top to bottom, with the shards' names above the first row
+        ax.set_xlim(0, start)
+        ax.set_title(label, fontsize=9)
+    axes[-1, 0].set_xlabel("samples of the epoch, shard after shard (shaded: one shard)")
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     _show()
