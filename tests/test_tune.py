@@ -72,3 +72,19 @@ def test_a_trial_s_history_survives_ray_s_json_log_losing_reports(tmp_path):
     assert frame["epoch"].tolist() == [1, 2, 3, 4] and frame["trial_id"].tolist() == ["00001"] * 4
     (tmp_path / "progress.csv").unlink()
     assert history(Result.from_path(tmp_path))["epoch"].tolist() == [1], "without the CSV: what the JSON holds"
+
+
+def test_tunes_noise_is_held_back_during_a_search_and_the_levels_put_back_after():
+    """The notebook's output holds the lesson: Tune's notes to a notebook, PBT's "Remote file not found" and an
+    interrupted search's "Failed to fetch metrics" are held back while a search runs, and only then."""
+    import logging
+
+    from course_utils.tuning.search import _QUIET, _quiet_tune
+
+    pbt_restore = logging.getLogger("ray.tune.logger.logger")
+    pbt_restore.setLevel(logging.DEBUG)
+    with _quiet_tune():
+        assert not pbt_restore.isEnabledFor(logging.WARNING)
+        assert all(logging.getLogger(name).level == level for name, level in _QUIET.items())
+    assert pbt_restore.level == logging.DEBUG and pbt_restore.isEnabledFor(logging.WARNING)
+    pbt_restore.setLevel(logging.NOTSET)

@@ -47,6 +47,7 @@ from .search import (  # noqa: F401
     pbt_refused,
     PEAK_FILE,
     run_search,
+    tpe_startup_trials,
     SCHEDULERS,
     SEARCHERS,
     space,

@@ -3,6 +3,8 @@ resume one), and the callbacks notebook 08 uses."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import random
 import shutil
@@ -113,6 +115,32 @@ def pbt_refused(scheduler: str, searcher: str, workers: int) -> str | None:
     return None
 
 
+def tpe_startup_trials(num_samples: int) -> int:
+    """How many of a TPE search's first trials are drawn at random, before TPE models the finished ones."""
+    return max(2, num_samples // 4)
+
+
+# Tune's lines that say nothing to a learner: the note that a notebook gets the legacy progress reporter (before
+# every search), "Remote file not found" each time PBT restores a trial (its log files are where they were), "Failed to
+# fetch metrics" for trials an interrupted search never started
+_QUIET = {"ray.tune.tune": logging.WARNING, "ray.tune.logger.logger": logging.ERROR,
+          "ray.tune.analysis.experiment_analysis": logging.ERROR}
+
+
+@contextlib.contextmanager
+def _quiet_tune():
+    """:data:`_QUIET`'s loggers held at their levels for the search, and put back as they were afterwards."""
+    loggers = {logging.getLogger(name): level for name, level in _QUIET.items()}
+    before = {log: log.level for log in loggers}
+    for log, level in loggers.items():
+        log.setLevel(level)
+    try:
+        yield
+    finally:
+        for log, level in before.items():
+            log.setLevel(level)
+
+
 def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num_samples: int,
                scheduler: str = "asha", searcher: str = "random", storage: str | Path = DEFAULT_STORAGE,
                cpus_per_trial: float = 1, gpus_per_trial: float = 0, workers: int = 1, grace_epochs: int = 1,
@@ -163,7 +191,8 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
         shutil.rmtree(storage / f"{name}-workers", ignore_errors=True)
     elif tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=True)
-        return tuner.fit()
+        with _quiet_tune():
+            return tuner.fit()
     if scheduler == "pbt":
         random.seed(seed)  # PBT draws its donors and perturbations from Python's random module
     sched = make_scheduler(scheduler, base.epochs, param_space, grace_epochs, reduction_factor)
@@ -172,7 +201,7 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
         from ray.tune.search.optuna import OptunaSearch
 
         # TPE models the good and the bad trials once a few random ones have finished
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, num_samples // 4))
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=tpe_startup_trials(num_samples))
         search_alg = OptunaSearch(sampler=sampler)
     else:
         # the same draws for the same seed; it limits concurrency itself (TuneConfig's limit is for searchers)
@@ -194,7 +223,8 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                                                           checkpoint_score_attribute=METRIC,
                                                                           checkpoint_score_order=MODE)),
     )
-    return tuner.fit()
+    with _quiet_tune():
+        return tuner.fit()
 
 
 def make_scheduler(scheduler: str, max_epochs: int, param_space: dict[str, Any], grace_epochs: int = 1,
