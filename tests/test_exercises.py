@@ -156,8 +156,11 @@ def _fixed(*steps):
     lambda t: _fixed("tasks", "cores", "srun cpus", "rendezvous")(t).replace(
         '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', "$SLURM_JOB_NODELIST"),  # a node list
     lambda t: solutions.repaired_sbatch(t).replace("then", "").replace("srun bash", "if srun bash"),  # no bash
+    lambda t: solutions.repaired_sbatch(t).replace("\nsrun bash", "\n: srun bash"),             # no ranks started
+    lambda t: _fixed("tasks", "cores", "rendezvous")(t).replace("\nsrun bash", "\nsrun -N 2 bash"),  # -N is not -c
 ])
 def test_sbatch_repair_checker(wrong):
+    """The repair judged as the srun pattern; the same hand-over spelled as srun's options is right too."""
     from course_utils.paths import REPO_ROOT
 
     gpus, cores, options = slurm.site_scripts()["frontera"]
@@ -166,6 +169,14 @@ def test_sbatch_repair_checker(wrong):
     exercises.check_sbatch_repair(lambda t: t.replace("MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\""
                                                       " | head -n 1)", "MASTER_ADDR=$(hostname)"),
                                   solutions.repaired_sbatch(attempt), gpus, cores, options)  # also right
+    tasks_and_cores = _fixed("tasks", "cores")
+    for also_right in (  # srun's own options hand the tasks the same; sbatch's other spellings of the options
+            lambda t: tasks_and_cores(t).replace("\nsrun bash", "\nsrun -c $SLURM_CPUS_PER_TASK "
+                                                 "--export=ALL,MASTER_ADDR=$MASTER_ADDR,MASTER_PORT=$MASTER_PORT bash"),
+            lambda t: _fixed("rendezvous")(t).replace("--ntasks-per-node=1 ", "--ntasks-per-node 4 ").replace(
+                "#SBATCH --cpus-per-task=16 ", "#SBATCH -c 4 ").replace("\nsrun bash",
+                                                                       "\nsrun --cpus-per-task=4 bash")):
+        exercises.check_sbatch_repair(also_right, attempt, gpus, cores, options)
     with pytest.raises(WrongAnswer):
         exercises.check_sbatch_repair(wrong, attempt, gpus, cores, options)
 

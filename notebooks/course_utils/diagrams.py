@@ -155,7 +155,8 @@ def zero_stages_chart(ranks: int = 4):
     """What each rank holds per parameter under DDP and ZeRO-1, -2, -3, for mixed-precision Adam (Rajbhandari et
     al., 2020): 2 bytes of bf16 weights, 2 of gradients, 12 of fp32 optimizer state (master weights, momentum,
     variance). A part a stage shards is drawn 1/``ranks`` as long: each rank keeps its own slice."""
-    parts = (("weights (2)", 2.0, PALETTE[0]), ("gradients (2)", 2.0, PALETTE[1]), ("optimizer state (12)", 12.0, PALETTE[2]))
+    parts = (("weights (2)", 2.0, PALETTE[0]), ("gradients (2)", 2.0, PALETTE[1]),
+             ("optimizer state (12)", 12.0, PALETTE[2]))
     stages = (("DDP (stage 0)", 0), ("ZeRO-1", 1), ("ZeRO-2", 2), ("ZeRO-3", 3))
     fig, ax = plt.subplots(figsize=(9, 2.8))
     for row, (name, stage) in enumerate(stages):

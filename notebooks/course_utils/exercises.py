@@ -194,9 +194,11 @@ def check_half_speed_size(size: Callable[[float, int, float], float],
     for files_per_s, file_bytes, big, where in cases:
         got, want = size(files_per_s, file_bytes, big), _half_speed(files_per_s, file_bytes, big)
         if not _close(float(got), want, 0.05) and not (want < 1024 and abs(float(got) - want) < 1024):
+            share = float(got) / (float(got) + want) if float(got) > 0 else 0.0  # the speed files of that size reach
             raise WrongAnswer(f"{where}: {files_per_s:,.0f} files/s of {file_bytes / 1024:,.0f} KiB, one large file "
-                              f"at {big:,.0f} MiB/s: you say {float(got) / 1024:,.1f} KiB, the measurements say "
-                              f"{want / 1024:,.1f} KiB. How much of a small file's time is its bytes?")
+                              f"at {big:,.0f} MiB/s: by these rates, files of your {float(got) / 1024:,.1f} KiB "
+                              f"would read at {share:.0%} of the large file's speed, not 50%. How much of a small "
+                              "file's time is its bytes?")
     passed("a file costs a fixed time plus its bytes; at this size the two are equal")
 
 
@@ -204,8 +206,8 @@ def check_half_speed_size(size: Callable[[float, int, float], float],
 # 04: an sbatch script to repair
 # --------------------------------------------------------------------------- #
 def colleagues_attempt(one_file: str, gpus: int, cores: int) -> str:
-    """Notebook 04's one-file sbatch as a colleague adapted it to nodes of ``gpus`` GPUs and ``cores`` cores:
-    one task per node with all its cores, the ``SRUN_CPUS_PER_TASK`` line dropped, the rendezvous not exported."""
+    """Notebook 04's one-file sbatch as a colleague adapted it to nodes of ``gpus`` GPUs and ``cores`` cores. What is
+    wrong with it is the exercise (the reference repair is in course_utils.solutions)."""
     lines, out = one_file.splitlines(), []
     for k, line in enumerate(lines):
         if line.startswith("#SBATCH --ntasks-per-node="):
@@ -226,16 +228,17 @@ def colleagues_attempt(one_file: str, gpus: int, cores: int) -> str:
     return attempt
 
 
-def _tasks_environment(script: str, cpus_per_task: str) -> dict[str, str]:
-    """Run the script's shell lines with Slurm's commands replaced by stand-ins, and return the environment its
-    srun would hand to the tasks (what the batch shell exported)."""
+def _tasks_environment(script: str, cpus_per_task: str) -> tuple[dict[str, str], list[str]]:
+    """Run the script's shell lines with Slurm's commands replaced by stand-ins: the environment its srun would
+    hand to the tasks (what the batch shell exported), and srun's own options."""
     import subprocess
     import tempfile
 
     stand_ins = ('scontrol() { printf "c123-001\\nc123-002\\n"; }\n'
-                 "hostname() { echo c123-001; }\n"  # the batch shell runs on the job's first node'
+                 "hostname() { echo c123-001; }\n"  # the batch shell runs on the job's first node
                  "source() { :; }\n"  # the environment's activation
-                 'srun() { env | grep -E "^(MASTER_ADDR|MASTER_PORT|SRUN_CPUS_PER_TASK)=" || true; }\n')
+                 'srun() { printf "SRUN_ARG=%s\\n" "$@"; '
+                 'env | grep -E "^(MASTER_ADDR|MASTER_PORT|SRUN_CPUS_PER_TASK)=" || true; }\n')
     with tempfile.TemporaryDirectory() as tmp:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_NODELIST": "c123-[001-002]",
                "SLURM_CPUS_PER_TASK": cpus_per_task, "HOME": tmp}
@@ -243,14 +246,30 @@ def _tasks_environment(script: str, cpus_per_task: str) -> dict[str, str]:
                              cwd=tmp, timeout=30)
     if run.returncode:
         raise WrongAnswer(f"the script's shell lines fail (exit {run.returncode}): {run.stderr.strip()[-300:]}")
-    return dict(line.split("=", 1) for line in run.stdout.splitlines() if "=" in line)
+    args = [line[len("SRUN_ARG="):] for line in run.stdout.splitlines() if line.startswith("SRUN_ARG=")]
+    lines = run.stdout.splitlines()
+    handed = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("SRUN_ARG="))
+    # srun's own options, up to the command it starts, hand the tasks the same: -c N, --export=ALL,VAR=value
+    valued = {"-c", "--cpus-per-task", "-n", "--ntasks", "-N", "--nodes", "--export", "-w", "--nodelist", "-x",
+              "--exclude", "-p", "--partition", "--ntasks-per-node"}
+    k = 0
+    while k < len(args) and args[k].startswith("-"):
+        arg, value = (args[k].split("=", 1) + [None])[:2] if args[k].startswith("--") else (args[k][:2], args[k][2:])
+        if not value and arg in valued and k + 1 < len(args):
+            k, value = k + 1, args[k + 1]
+        if arg in ("-c", "--cpus-per-task"):
+            handed.setdefault("SRUN_CPUS_PER_TASK", value)
+        elif arg == "--export":
+            handed.update(kv.split("=", 1) for kv in value.split(",") if "=" in kv)
+        k += 1
+    return handed, args
 
 
 def check_sbatch_repair(repair: Callable[[str], str], attempt: str, gpus: int, cores: int,
                         site_options: Mapping[str, str]) -> None:
-    """``repair(attempt)`` -> the script, repaired: one rank per GPU, each with its share of the cores (as
-    ``slurm/generate.py`` wrote the site's script, ``site_options``), and every variable the ranks need
-    exported to them. Judged by parsing its ``#SBATCH`` lines and running its shell lines with Slurm's
+    """``repair(attempt)`` -> the script, repaired as the srun pattern: one rank per GPU started by srun, each with
+    its share of the cores (as ``slurm/generate.py`` wrote the site's script, ``site_options``), and every variable
+    the ranks need handed to them. Judged by parsing its ``#SBATCH`` lines and running its shell lines with Slurm's
     commands replaced by stand-ins."""
     import subprocess
 
@@ -270,17 +289,19 @@ def check_sbatch_repair(repair: Callable[[str], str], attempt: str, gpus: int, c
     if cpus != site_options["--cpus-per-task"]:
         raise WrongAnswer(f"--cpus-per-task={cpus} for {tasks} tasks on a node of {cores} cores: "
                           f"slurm/generate.py's script asks for {site_options['--cpus-per-task']}")
-    env = _tasks_environment(script, cpus)
-    if env.get("SRUN_CPUS_PER_TASK") != cpus:
-        raise WrongAnswer(f"the tasks get SRUN_CPUS_PER_TASK={env.get('SRUN_CPUS_PER_TASK')}: since Slurm 22.05 "
-                          "srun no longer passes --cpus-per-task on, so every rank would share one core")
-    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+    handed, args = _tasks_environment(script, cpus)
+    if not args:
+        raise WrongAnswer("the script's shell lines never reach srun: it starts the ranks")
+    if handed.get("SRUN_CPUS_PER_TASK") != cpus:
+        raise WrongAnswer(f"srun hands each task {handed.get('SRUN_CPUS_PER_TASK') or 'no'} SRUN_CPUS_PER_TASK: since "
+                          "Slurm 22.05 srun no longer passes --cpus-per-task on, so every rank would share one core")
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not handed.get(v)]
     if missing:
         raise WrongAnswer(f"srun's tasks do not get {' and '.join(missing)}: a variable the batch shell sets "
                           "reaches srun's tasks only when it is exported")
-    if env["MASTER_ADDR"] != "c123-001":
-        raise WrongAnswer(f"MASTER_ADDR={env['MASTER_ADDR']}: rank 0 runs on the first node of the job's node list")
-    passed(f"{options['--nodes']} nodes x {tasks} ranks, {cpus} cores each, the rendezvous and the cores exported")
+    if handed["MASTER_ADDR"] != "c123-001":
+        raise WrongAnswer(f"MASTER_ADDR={handed['MASTER_ADDR']}: rank 0 runs on the first node of the job's node list")
+    passed(f"{options['--nodes']} nodes x {tasks} ranks, {cpus} cores each, the rendezvous and the cores handed on")
 
 
 # --------------------------------------------------------------------------- #
@@ -301,7 +322,7 @@ def check_best_interval(interval: Callable[[float, float], float], write_s: floa
             waste = lambda t: w / t + t / (2 * m)  # noqa: E731  (the expected share of the run wasted)
             said = f"{waste(got):.2%}" if got > 0 and math.isfinite(got) else "no checkpoint at all"
             raise WrongAnswer(f"a write of {w:g} s, a failure every {m / 3600:,.1f} h on average: you say every "
-                              f"{got:,.0f} s, which wastes {said} of the run; every {want:,.0f} s wastes "
+                              f"{got:,.0f} s, which wastes {said} of the run; the best interval wastes "
                               f"{waste(want):.2%}. What does one failure cost on average, and how often does it come?")
     passed("the interval where writing and expected lost work cost the same")
 

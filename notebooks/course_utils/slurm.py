@@ -240,13 +240,27 @@ def sbatch_options(script: str | Path) -> dict[str, str]:
     return parse_sbatch_options(Path(script).read_text())
 
 
+SHORT_OPTIONS = {"-N": "--nodes", "-n": "--ntasks", "-c": "--cpus-per-task", "-t": "--time", "-J": "--job-name",
+                 "-p": "--partition", "-o": "--output", "-A": "--account"}
+
+
 def parse_sbatch_options(text: str) -> dict[str, str]:
-    """The ``#SBATCH --key=value`` lines of a batch script's text (a later line wins, as in sbatch)."""
+    """The ``#SBATCH`` options of a batch script's text, as ``--key: value`` (a later line wins, as in sbatch):
+    ``--key=value``, ``--key value`` and the short forms (``-c 4``, ``-N2``) alike."""
     options = {}
     for line in text.splitlines():
-        if line.startswith("#SBATCH --") and "=" in line:
-            key, value = line[len("#SBATCH "):].split("=", 1)
-            options[key] = value.split()[0]
+        if not line.startswith("#SBATCH "):
+            continue
+        words = line[len("#SBATCH "):].split("#", 1)[0].split()
+        if not words:
+            continue
+        if words[0].startswith("--"):
+            key, value = (words[0].split("=", 1) + [None])[:2]
+        else:  # -c 4, -N2
+            key, value = words[0][:2], words[0][2:]
+        key = SHORT_OPTIONS.get(key, key)
+        value = value or (words[1] if len(words) > 1 else "")
+        options[key] = value
     return options
 
 

@@ -49,7 +49,8 @@ def repaired_sbatch(attempt: str) -> str:
     repaired = attempt.replace("--ntasks-per-node=1 ", "--ntasks-per-node=4 ")  # one rank per GPU
     repaired = repaired.replace("--cpus-per-task=16 ", "--cpus-per-task=4 ")     # 16 cores shared by 4 ranks
     # srun no longer passes --cpus-per-task on (Slurm >= 22.05); and srun's tasks see only what is exported
-    return repaired.replace("\nsrun ", "\nexport SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK MASTER_ADDR MASTER_PORT\nsrun ", 1)
+    exports = "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK MASTER_ADDR MASTER_PORT"
+    return repaired.replace("\nsrun ", f"\n{exports}\nsrun ", 1)
 
 
 def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
