@@ -1,0 +1,92 @@
+"""Notebook 10: DataLoader workers when a rank's cores run out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .core import WrongAnswer, passed
+
+
+# --------------------------------------------------------------------------- #
+# 10: DataLoader workers when a rank's cores run out
+# --------------------------------------------------------------------------- #
+# (worker_ms, compute_ms, cores of the rank) -> (workers, accelerator utilisation): ranks of Frontera's rtx nodes
+# (16 cores, 4 GPUs: 4 cores a rank), of FT3 (64 cores, 2 GPUs: 32 a rank), and of smaller shares
+PLAN_CASES = {(40.0, 5.0, 4): (3, 0.375), (40.0, 5.0, 32): (8, 1.0), (12.0, 30.0, 4): (1, 1.0),
+              (30.0, 10.0, 4): (3, 1.0), (25.0, 4.0, 8): (7, 1.0), (25.0, 4.0, 6): (5, 0.8), (9.0, 2.0, 2): (1, 2 / 9)}
+AU_SLACK = 0.25  # how far a measured utilisation may sit from the model's, the hand-over aside: the runs' noise on a
+#                 loaded 2-core machine (a worker's time per batch moved by a third between runs there)
+
+
+def _plan(worker_ms: float, compute_ms: float, cores: int) -> tuple[int, float]:
+    wanted = math.ceil(worker_ms / compute_ms)  # k workers deliver k batches every worker_ms
+    workers = max(1, min(wanted, cores - 1))  # a core is the training process's
+    return workers, min(1.0, workers * compute_ms / worker_ms)
+
+
+def check_plan_workers(plan: Callable[[float, float, int], tuple[int, float]],
+                       measured: Sequence[Mapping[str, Any]]) -> None:
+    """``plan(worker_ms, compute_ms, cores)`` -> (DataLoader workers to ask for on a rank with ``cores``
+    cores, the accelerator utilisation they give in steady state), when one worker prepares a batch in
+    ``worker_ms`` and a step computes for ``compute_ms``. Judged first against this run: each row of
+    ``measured`` holds ``worker_ms``, ``compute_ms``, ``cores`` (this machine's), ``au``, the utilisation
+    the DLIO method measured by number of workers, and ``handover_ms``, what taking a ready batch cost the
+    training process (the model leaves it out: a measurement may fall short of the model by its share of a
+    step); then exactly, against ranks not measured here."""
+    for row in measured:
+        w, c, cores = row["worker_ms"], row["compute_ms"], int(row["cores"])
+        workers, au = plan(w, c, cores)
+        want_workers, want_au = _plan(w, c, cores)
+        if workers != want_workers:
+            raise WrongAnswer(f"{w:.2f} ms per batch per worker, {c:.2f} ms of compute, {cores} cores: you ask for "
+                              f"{workers} workers, it takes {want_workers}. "
+                              + _workers_hint(workers, want_workers, w, c, cores))
+        seen = row["au"].get(workers)
+        short = row.get("handover_ms", 0.0) / (c + row.get("handover_ms", 0.0))  # what the hand-over may take off
+        if seen is not None and not (math.isfinite(au) and au - short - AU_SLACK <= seen <= au + AU_SLACK):
+            if abs(au - want_au) <= 1e-6:
+                raise WrongAnswer(f"your model is the course's, but with {workers} workers and {c:.2f} ms of compute "
+                                  f"this run measured a utilisation of {seen:.2f}, not {au:.2f}: something else used "
+                                  "the cores during section 2 (look at the machine's load), or the model misses a "
+                                  "cost here; run section 2 again")
+            raise WrongAnswer(f"{workers} workers of {w:.2f} ms a batch and {c:.2f} ms of compute: you predict a "
+                              f"utilisation of {au:.2f}, this run measured {seen:.2f}. In steady state the device "
+                              "computes for compute_ms out of every max(compute_ms, the time the workers take to "
+                              "deliver one batch)")
+    for (w, c, cores), (want_workers, want_au) in PLAN_CASES.items():
+        workers, au = plan(w, c, cores)
+        if workers != want_workers:
+            raise WrongAnswer(f"right for this machine, but a rank of {cores} cores, {w:g} ms per batch per worker and "
+                              f"{c:g} ms of compute: you ask for {workers} workers, it takes {want_workers}. "
+                              + _workers_hint(workers, want_workers, w, c, cores))
+        if not (math.isfinite(au) and abs(au - want_au) <= 1e-6):
+            raise WrongAnswer(f"right for this machine, but a rank of {cores} cores, {w:g} ms per batch per worker and "
+                              f"{c:g} ms of compute, {workers} workers: you predict a utilisation of {au:.3f}, it is "
+                              f"{want_au:.3f} ({workers} workers deliver a batch every {w / workers:g} ms; the device "
+                              "cannot compute more than all of the time)")
+    passed("ceil(worker_ms / compute_ms) workers where the cores allow, else one per core but the training "
+           "process's; the device computes compute_ms out of every max(compute_ms, worker_ms / workers)")
+
+
+def _workers_hint(got: Any, want: int, w: float, c: float, cores: int) -> str:
+    if not isinstance(got, int) or isinstance(got, bool):
+        return "a number of processes is a whole number (an int)"
+    if got > cores - 1 and got > 1:
+        return (f"the rank has {cores} cores and its training process needs one: more workers than "
+                f"{max(1, cores - 1)} share cores and are each slower, they do not deliver more")
+    if got < 1:
+        return ("with 0 workers the training process reads each batch between steps and the device waits for "
+                "every one: at least 1")
+    if got < want:
+        return (f"{got} workers deliver a batch every {w / got:.2f} ms; the device takes one every {c:.2f} ms, "
+                f"and the rank has cores for {want}")
+    return f"{want} already deliver a batch every compute_ms or sooner; each further worker costs a core and memory"
+
+
+__all__ = [
+    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_accumulation_exact", "check_interleaved_bubble", "check_best_interval", "check_optimizer_steps",
+    "check_ring_bytes", "check_half_speed_size", "check_smallest_stage", "check_sbatch_repair", "colleagues_attempt",
+    "check_plan_workers", "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
+]

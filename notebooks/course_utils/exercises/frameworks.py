@@ -1,0 +1,97 @@
+"""Notebooks 06-08: Lightning's optimiser steps, the smallest ZeRO stage, trials at once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .core import WrongAnswer, passed
+
+
+# --------------------------------------------------------------------------- #
+# 06: the optimiser steps Lightning takes in an epoch
+# --------------------------------------------------------------------------- #
+STEP_CASES = ((1000, 32, 3, 4), (4096, 16, 4, 3), (2000, 48, 2, 5), (50_000, 128, 8, 1))
+
+
+def _steps_per_epoch(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
+    batches = (n_train // world_size) // batch_size  # the sampler's slice per rank, then whole batches only
+    return -(-batches // grad_accum)  # Lightning also steps on the last, partial accumulation
+
+
+def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: Sequence[Mapping[str, int]]) -> None:
+    """``steps(n_train, batch_size, world_size, grad_accum)``: optimiser steps in one epoch, against
+    the ``global_step`` of the runs measured (rows of those four, ``epochs`` and ``global_step``),
+    then against layouts not run here."""
+    for row in measured:
+        got = steps(row["n_train"], row["batch_size"], row["world_size"], row["grad_accum"]) * row["epochs"]
+        if got != row["global_step"]:
+            raise WrongAnswer(f"{row['n_train']} images, batch {row['batch_size']} per rank, {row['world_size']} "
+                              f"rank(s), grad-accum {row['grad_accum']}, {row['epochs']} epoch(s): you say {got} "
+                              f"optimiser steps, Lightning took {row['global_step']}")
+    for case in STEP_CASES:
+        got, want = steps(*case), _steps_per_epoch(*case)
+        if got != want:
+            raise WrongAnswer("right for the runs here, but for {} images, batch {}, {} ranks, grad-accum {}: {} "
+                              "steps, not {}. Each rank gets n/world images (the remainder dropped), keeps whole "
+                              "batches only (drop_last), and the last, partial accumulation still steps"
+                              .format(*case, want, got))
+    passed("one epoch: whole batches of each rank's slice, one step per grad-accum of them, the last one included")
+
+
+# (parameters, ranks, GPU bytes) -> the smallest ZeRO stage whose model states fit: FT3's A100-40GB,
+# 2 per node, on 1, 2 and 8 nodes, and a model too large for any stage
+STAGE_CASES = {(1_500_000_000, 2, 40e9): 0, (3_000_000_000, 2, 40e9): 1, (6_000_000_000, 4, 40e9): 2,
+               (20_000_000_000, 16, 40e9): 3, (70_000_000_000, 8, 40e9): None, (7_000_000_000, 1, 80e9): None}
+
+
+def check_smallest_stage(smallest: Callable[[int, int, float], int | None],
+                         measured: Sequence[Mapping[str, Any]]) -> None:
+    """``smallest(psi, ranks, gpu_bytes)``: the lowest ZeRO stage whose params, gradients and Adam
+    state (mixed precision) fit in ``gpu_bytes`` per rank, or None. Judged first against the runs:
+    given exactly the bytes stage k measured per rank, the answer is stage k (a lower stage does not
+    fit in them, stage k does); then against FT3-sized cases."""
+    for row in sorted(measured, key=lambda r: r["zero_stage"]):
+        got = smallest(row["psi"], row["world_size"], row["measured_bytes"])
+        if got != row["zero_stage"]:
+            raise WrongAnswer(f"{row['psi']:,} parameters on {row['world_size']} ranks with {row['measured_bytes']:,} "
+                              f"bytes each (what stage {row['zero_stage']} measured per rank): you say stage {got}. "
+                              "Bytes per parameter: 2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master, "
+                              "two Adam moments); stage 1 divides the 12 by the ranks, stage 2 also the gradients' "
+                              "2, stage 3 also the weights' 2")
+    for (psi, ranks, gpu), want in STAGE_CASES.items():
+        got = smallest(psi, ranks, gpu)
+        if got != want:
+            raise WrongAnswer(f"right for the runs here, but {psi / 1e9:g} B parameters on {ranks} rank(s) of "
+                              f"{gpu / 1e9:g} GB: you say {got}, the answer is {want} (the lowest stage that fits "
+                              "communicates least; None when even stage 3 does not fit)")
+    passed("the lowest stage that fits: stage 0 when 16 bytes per parameter fit, else shard the optimizer, "
+           "the gradients, the weights, in that order")
+
+
+# (nodes, CPUs and GPUs per node, CPUs and GPUs per trial) -> trials Ray runs at once: FT3 (2 A100, 64 cores)
+# and Frontera's rtx nodes (4 GPUs, 16 cores)
+PACKING_CASES = {(2, 64, 2, 4, 0.5): 8, (2, 64, 2, 4, 0.4): 8, (1, 16, 4, 8, 0.25): 2, (3, 64, 2, 1, 1): 6,
+                 (2, 3, 0, 2, 0): 2, (2, 64, 2, 8, 2): 2, (1, 16, 4, 4, 0.3): 4, (4, 16, 4, 2, 0): 32}
+
+
+def check_trials_at_once(at_once: Callable[[int, float, float, float, float], int],
+                         measured: Sequence[Mapping[str, float]]) -> None:
+    """``at_once(nodes, node_cpus, node_gpus, trial_cpus, trial_gpus)``: how many trials Ray runs at the
+    same time. Judged first against the searches of this run (the most trials seen training at once),
+    then against FT3- and Frontera-sized cases."""
+    for row in measured:
+        args = (row["nodes"], row["cpus"], row["gpus"], row["trial_cpus"], row["trial_gpus"])
+        got = at_once(*args)
+        if got != row["most_at_once"]:
+            raise WrongAnswer(f"{row['nodes']:g} node(s) of {row['cpus']:g} CPUs and {row['gpus']:g} GPUs, trials of "
+                              f"{row['trial_cpus']:g} CPU and {row['trial_gpus']:g} GPU: you say {got}, and this run "
+                              f"saw {row['most_at_once']:g} trials training at once")
+    for args, want in PACKING_CASES.items():
+        got = at_once(*args)
+        if got != want:
+            raise WrongAnswer(f"right for this run, but {args[0]} node(s) of {args[1]} CPUs and {args[2]} GPUs with "
+                              f"trials of {args[3]} CPU and {args[4]} GPU: you say {got}, Ray runs {want}. Ray packs "
+                              "each node on its own, the scarcer resource decides, and a fraction of a GPU never "
+                              "spans two GPUs")
+    passed("per node, the scarcer of CPUs and GPUs decides; a 0.4-GPU trial fits twice on a GPU, not 2.5 times")
