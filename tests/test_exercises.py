@@ -317,3 +317,28 @@ def test_plan_workers_checker_rejects_the_model_where_this_run_measured_otherwis
     busy = [{**MEASURED_PLANS[1], "au": {1: 0.05}}]  # one worker measured far below its model's 0.63
     with pytest.raises(WrongAnswer, match="your model is the course's"):
         exercises.check_plan_workers(solutions.plan_workers, busy)
+
+
+def test_tp_plan_checker_runs_each_plan_on_the_ranks_and_rejects_what_is_not_megatron_s_split():
+    """One launch of scripts/tp_plan.py on 2 gloo ranks: the reference plan is Megatron's split (same output and input
+    gradient, half the weights, one all-reduce forward); plans that fail, leave a layer whole or split none are not."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel as Col
+    from torch.distributed.tensor.parallel import RowwiseParallel as Row
+
+    wrong = {"up row-parallel": {"gate": Col(), "up": Row(), "down": Row()},
+             "all column-parallel": {"gate": Col(), "up": Col(), "down": Col()},
+             "down left whole": {"gate": Col(), "up": Col()},
+             "gathered before down": {"gate": Col(output_layouts=Replicate()), "up": Col(output_layouts=Replicate())},
+             "nothing split": {}}
+    right, *rows = exercises.run_tp_plans([solutions.swiglu_plan(), *wrong.values()])
+    assert exercises.tp_plan_verdict(right, 2) is None, right
+    assert right["weight_share"] == 0.5 and right["forward"] == {"all_reduce": 1}, right
+    for name, row in zip(wrong, rows, strict=True):
+        assert exercises.tp_plan_verdict(row, 2), f"{name} passed: {row}"
+    # what a run can report beside an error or a whole layer: wrong numbers, or collectives Megatron's split does not run
+    assert "computes something else" in exercises.tp_plan_verdict({**right, "output_gap": 0.3}, 2)
+    assert "forward pass ran" in exercises.tp_plan_verdict({**right, "forward": {"all_gather_into_tensor": 2}}, 2)
+    for not_a_plan in ({"gate": "colwise"}, [Col(), Col(), Row()], {"fc1": Col(), "fc2": Row()}):
+        with pytest.raises(WrongAnswer):
+            exercises.check_tp_plan(lambda: not_a_plan)

@@ -80,6 +80,14 @@ def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
     return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
+def swiglu_plan() -> dict:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    # silu(gate(x)) * up(x) is elementwise: each rank multiplies its own columns of gate and up, the same hidden
+    # units, so both split by output features; down takes those units as its input rows: row parallel, one all-reduce
+    return {"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
+
+
 def plan_workers(worker_ms: float, compute_ms: float, cores: int) -> tuple[int, float]:
     # k workers deliver k batches every worker_ms and a step takes one every compute_ms: ceil(worker_ms / compute_ms)
     # would keep up, but the rank has cores - 1 for workers (one runs the training process), and at least one

@@ -50,6 +50,19 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+class SwiGLU(nn.Module):
+    """Llama's MLP: ``down(silu(gate(x)) * up(x))``, hidden -> 4 x hidden -> hidden, no biases
+    (notebook 09's exercise splits it with a plan of its own)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.gate, self.up = nn.Linear(hidden, 4 * hidden, bias=False), nn.Linear(hidden, 4 * hidden, bias=False)
+        self.down = nn.Linear(4 * hidden, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
 

@@ -35,5 +35,5 @@ from .frameworks import (
     check_smallest_stage,
     check_trials_at_once,
 )
-from .parallelism import BUBBLE_CASES, check_interleaved_bubble
+from .parallelism import BUBBLE_CASES, check_interleaved_bubble, check_tp_plan, run_tp_plans, tp_plan_verdict
 from .data import AU_SLACK, PLAN_CASES, check_plan_workers

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .core import WrongAnswer, _close, passed
@@ -38,3 +40,65 @@ def check_interleaved_bubble(bubble: Callable[[int, int, int], float], measured:
                               f"rank: you say {got:.4f}, the schedule idles {want:.4f} of the step.{hint}")
     passed("each rank works in v*m slots of 1/v of a micro-batch's time and the pipeline fills and drains in p-1 "
            "of them: (p-1)/(v*m+p-1); more chunks shrink the bubble at the price of v times the sends")
+
+
+# --------------------------------------------------------------------------- #
+# 09: a tensor-parallel plan for Llama's MLP, run on the ranks
+# --------------------------------------------------------------------------- #
+SWIGLU_PARTS = ("gate", "up", "down")
+
+
+def run_tp_plans(plans: Sequence[Mapping[str, Any]], device: str = "cpu", ranks: int = 2) -> list[dict[str, Any]]:
+    """Each plan run by ``scripts/tp_plan.py`` on ``ranks`` processes, in one launch: its row of the RESULT
+    (an error, or the gaps to the unsplit module, the share of the weights a rank holds, the collectives)."""
+    import torch
+
+    from ..launch import run_script
+    from ..results import parse_result
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plans.pt"
+        torch.save([dict(plan) for plan in plans], path)
+        run = run_script("tp_plan.py", ["--device", device, "--plans", path], nproc=ranks, timeout_s=300, echo=False)
+    return parse_result(run.output)["plans"]
+
+
+def tp_plan_verdict(row: Mapping[str, Any], ranks: int, tol: float = 1e-5) -> str | None:
+    """Why a plan's run is not Megatron's split of the MLP, or None if it is."""
+    if row["error"]:
+        return (f"your plan did not run: {row['error'].rstrip('.')}. Each style decides how a layer's weight is split and what "
+                "layout its input and output have: do the layers' layouts meet?")
+    if row["output_gap"] > tol or row["input_grad_gap"] > tol:
+        return (f"the split module computes something else: output off by {row['output_gap']:.1e}, input gradient by "
+                f"{row['input_grad_gap']:.1e}. Which hidden units does each rank multiply together?")
+    if row["weight_share"] > 1 / ranks + 1e-9:
+        return (f"each rank holds {row['weight_share']:.0%} of the weights, not 1/{ranks}: a layer is left whole "
+                "on every rank")
+    forward = {op: n for op, n in row["forward"].items() if n}
+    if forward != {"all_reduce": 1}:
+        return (f"the forward pass ran {forward or 'no collective'}, where Megatron's split of an MLP runs one "
+                "all-reduce, after its last layer")
+    return None
+
+
+def check_tp_plan(plan: Callable[[], Mapping[str, Any]], device: str = "cpu", ranks: int = 2) -> None:
+    """``plan()`` -> ``parallelize_module``'s plan for :class:`course_utils.tensor_parallel.SwiGLU`, run on ``ranks``
+    processes: the unsplit module's output and input gradient, 1/ranks of the weights on each rank, one
+    all-reduce forward."""
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    got = plan()
+    if not isinstance(got, Mapping) or not all(isinstance(v, ParallelStyle) for v in got.values()):
+        raise WrongAnswer(f"a plan is a dict from submodule name to a ParallelStyle (ColwiseParallel(), ...), "
+                          f"not {got!r}")
+    unknown = sorted(set(got) - set(SWIGLU_PARTS))
+    if unknown:
+        raise WrongAnswer(f"SwiGLU has no submodule {', '.join(unknown)}: its linear layers are {', '.join(SWIGLU_PARTS)}")
+    (row,) = run_tp_plans([got], device, ranks)
+    verdict = tp_plan_verdict(row, ranks)
+    if verdict:
+        raise WrongAnswer(verdict)
+    print(f"your plan on {ranks} ranks ({device}): output off by {row['output_gap']:.1e}, input gradient by "
+          f"{row['input_grad_gap']:.1e}; each rank holds {row['weight_share']:.0%} of the weights; forward "
+          f"{row['forward']} ({sum(row['forward_bytes'].values()):,} B), backward {row['backward']}")
+    passed("gate and up split by output features alike, down by input features: one all-reduce forward")
