@@ -222,28 +222,55 @@ MEASURED_STAGES = [{"zero_stage": s, "psi": PSI, "world_size": 2, "measured_byte
                    for s, b in ((0, 16 * PSI), (1, 10 * PSI + 12), (2, 9 * PSI + 14), (3, 8 * PSI))]
 
 
-def _first_fit(per_param):
-    """A wrong smallest_stage built from other bytes per parameter: (unsharded, sharded) by stage."""
-    def smallest(psi, ranks, gpu_bytes):
+def _first_fit(per_param, config=lambda stage: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                                                "zero_optimization": {"stage": stage}}):
+    """A wrong ds_config_for: the stage chosen from other bytes per parameter, (unsharded, sharded) by stage, or the
+    configuration written another way."""
+    def config_for(psi, ranks, gpu_bytes):
         for stage, (whole, sharded) in enumerate(per_param):
             if whole * psi + sharded * psi / ranks <= gpu_bytes:
-                return stage
+                return config(stage)
         return None
-    return smallest
+    return config_for
+
+
+RIGHT = [(16, 0), (4, 12), (2, 14), (0, 16)]
 
 
 @pytest.mark.parametrize("wrong", [
-    lambda psi, ranks, gpu: 3,                                  # always shard everything
-    _first_fit([(16, 0), (16, 0), (16, 0), (16, 0)]),           # sharding ignored
-    _first_fit([(12, 0), (4, 8), (2, 10), (0, 12)]),            # no fp32 master copy (8 bytes of Adam state)
-    _first_fit([(16, 0), (8, 8), (4, 12), (0, 16)]),            # fp32 weights and gradients (4 + 4 + 8)
-    lambda psi, ranks, gpu: next((s for s in (3, 2, 1, 0)       # the highest stage that fits
-                                  if solutions.smallest_stage(psi, ranks, gpu) is not None), None),
+    lambda psi, ranks, gpu: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                             "zero_optimization": {"stage": 3}},       # always shard everything
+    _first_fit([(16, 0), (16, 0), (16, 0), (16, 0)]),                   # sharding ignored
+    _first_fit([(12, 0), (4, 8), (2, 10), (0, 12)]),                    # no fp32 master copy (8 bytes of Adam state)
+    _first_fit([(16, 0), (8, 8), (4, 12), (0, 16)]),                    # fp32 weights and gradients (4 + 4 + 8)
+    lambda psi, ranks, gpu: next(({"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},  # highest that fits
+                                   "zero_optimization": {"stage": s}} for s in (3, 2, 1, 0)
+                                  if solutions.ds_config_for(psi, ranks, gpu) is not None), None),
+    _first_fit(RIGHT, lambda stage: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                                     "zero_optimisation": {"stage": stage}}),  # a misspelt key: DeepSpeed reads stage 0
+    _first_fit(RIGHT, lambda stage: {"train_micro_batch_size_per_gpu": 16,
+                                     "zero_optimization": {"stage": stage}}),  # no bf16 section: fp32
+    _first_fit(RIGHT, lambda stage: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                                     "zero_optimization": {"stage": stage, "offload": True}}),  # DeepSpeed refuses it
+    _first_fit(RIGHT, lambda stage: stage),                            # the stage, not a configuration
 ])
-def test_smallest_stage_checker(wrong):
-    exercises.check_smallest_stage(solutions.smallest_stage, MEASURED_STAGES)
+def test_ds_config_checker(wrong):
+    exercises.check_ds_config(solutions.ds_config_for, MEASURED_STAGES)
     with pytest.raises(WrongAnswer):
-        exercises.check_smallest_stage(wrong, MEASURED_STAGES)
+        exercises.check_ds_config(wrong, MEASURED_STAGES)
+
+
+def test_the_ds_config_checker_judges_what_deepspeed_reads():
+    """A fp16 configuration is mixed precision too; train_batch_size (checked against the ranks at initialize) is
+    left out, so the config section 2 printed for 2 ranks is read as it stands."""
+    from course_utils.config import TrainConfig
+    from course_utils.sharding import ds_config
+
+    printed = ds_config(TrainConfig(model="mlp", optimizer="adamw", batch_size=16, grad_accum=2), world=2, stage=2,
+                        precision="bf16")
+    assert exercises.deepspeed_reads(printed) == (2, True)
+    assert exercises.deepspeed_reads({"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+                                      "zero_optimization": {"stage": 1}}) == (1, True)
 
 
 MEASURED_PACKING = [{"nodes": 1, "cpus": 2, "gpus": 0, "trial_cpus": 1, "trial_gpus": 0, "most_at_once": 2}]

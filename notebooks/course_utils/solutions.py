@@ -58,11 +58,12 @@ def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: 
     return math.ceil(batches / grad_accum)  # the last accumulation steps even when it is short
 
 
-def smallest_stage(psi: int, ranks: int, gpu_bytes: float) -> int | None:
+def ds_config_for(psi: int, ranks: int, gpu_bytes: float) -> dict | None:
     for stage in range(4):
         sharded = {1: 12, 2: 14, 3: 16}.get(stage, 0)  # bytes per parameter divided across the ranks
         if (16 - sharded) * psi + sharded * psi / ranks <= gpu_bytes:
-            return stage
+            return {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                    "zero_optimization": {"stage": stage}}
     return None
 
 

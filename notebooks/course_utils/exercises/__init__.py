@@ -32,8 +32,9 @@ from .frameworks import (
     STAGE_CASES,
     STEP_CASES,
     check_optimizer_steps,
-    check_smallest_stage,
+    check_ds_config,
     check_trials_at_once,
+    deepspeed_reads,
 )
 from .parallelism import BUBBLE_CASES, check_interleaved_bubble, check_tp_plan, run_tp_plans, tp_plan_verdict
 from .data import AU_SLACK, PLAN_CASES, check_plan_workers

@@ -84,9 +84,3 @@ def _workers_hint(got: Any, want: int, w: float, c: float, cores: int) -> str:
                 f"and the rank has cores for {want}")
     return f"{want} already deliver a batch every compute_ms or sooner; each further worker costs a core and memory"
 
-
-__all__ = [
-    "ExerciseNotDone", "WrongAnswer", "check_accumulation", "check_accumulation_exact", "check_interleaved_bubble", "check_best_interval", "check_optimizer_steps",
-    "check_ring_bytes", "check_half_speed_size", "check_smallest_stage", "check_sbatch_repair", "colleagues_attempt",
-    "check_plan_workers", "check_strong_efficiency", "check_trials_at_once", "exercise", "solutions_enabled",
-]

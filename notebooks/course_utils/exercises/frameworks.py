@@ -1,4 +1,4 @@
-"""Notebooks 06-08: Lightning's optimiser steps, the smallest ZeRO stage, trials at once."""
+"""Notebooks 06-08: Lightning's optimiser steps, a DeepSpeed configuration for a memory budget, trials at once."""
 
 from __future__ import annotations
 
@@ -45,28 +45,62 @@ STAGE_CASES = {(1_500_000_000, 2, 40e9): 0, (3_000_000_000, 2, 40e9): 1, (6_000_
                (20_000_000_000, 16, 40e9): 3, (70_000_000_000, 8, 40e9): None, (7_000_000_000, 1, 80e9): None}
 
 
-def check_smallest_stage(smallest: Callable[[int, int, float], int | None],
-                         measured: Sequence[Mapping[str, Any]]) -> None:
-    """``smallest(psi, ranks, gpu_bytes)``: the lowest ZeRO stage whose params, gradients and Adam
-    state (mixed precision) fit in ``gpu_bytes`` per rank, or None. Judged first against the runs:
-    given exactly the bytes stage k measured per rank, the answer is stage k (a lower stage does not
-    fit in them, stage k does); then against FT3-sized cases."""
-    for row in sorted(measured, key=lambda r: r["zero_stage"]):
-        got = smallest(row["psi"], row["world_size"], row["measured_bytes"])
-        if got != row["zero_stage"]:
-            raise WrongAnswer(f"{row['psi']:,} parameters on {row['world_size']} ranks with {row['measured_bytes']:,} "
-                              f"bytes each (what stage {row['zero_stage']} measured per rank): you say stage {got}. "
-                              "Bytes per parameter: 2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master, "
-                              "two Adam moments); stage 1 divides the 12 by the ranks, stage 2 also the gradients' "
-                              "2, stage 3 also the weights' 2")
-    for (psi, ranks, gpu), want in STAGE_CASES.items():
-        got = smallest(psi, ranks, gpu)
-        if got != want:
-            raise WrongAnswer(f"right for the runs here, but {psi / 1e9:g} B parameters on {ranks} rank(s) of "
-                              f"{gpu / 1e9:g} GB: you say {got}, the answer is {want} (the lowest stage that fits "
-                              "communicates least; None when even stage 3 does not fit)")
-    passed("the lowest stage that fits: stage 0 when 16 bytes per parameter fit, else shard the optimizer, "
-           "the gradients, the weights, in that order")
+def deepspeed_reads(config: Mapping[str, Any]) -> tuple[int, bool]:
+    """The ZeRO stage DeepSpeed reads from ``config``, and whether it trains in 16-bit mixed precision: read by
+    DeepSpeed's own ``DeepSpeedConfig`` (no process group needed; ``train_batch_size``, which DeepSpeed checks
+    against the ranks at ``initialize``, left out). A key DeepSpeed does not know at the top level is ignored,
+    as it is in a run; one inside ``zero_optimization`` is refused."""
+    import copy
+    import logging
+
+    from ..launch import temporary_env
+    from ..sharding import deepspeed_env
+
+    with temporary_env(deepspeed_env(use_gpu=False)):
+        from deepspeed.runtime.config import DeepSpeedConfig
+        from deepspeed.utils import logger
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # its INFO lines say nothing the learner asked
+    try:
+        parsed = DeepSpeedConfig({k: copy.deepcopy(v) for k, v in config.items() if k != "train_batch_size"})
+    except Exception as exc:
+        raise WrongAnswer(f"DeepSpeed refused your configuration: {str(exc).strip().splitlines()[0]}") from None
+    finally:
+        logger.setLevel(level)
+    return parsed.zero_optimization_stage, bool(parsed.bfloat16_config.enabled or parsed.float16_config.enabled)
+
+
+def check_ds_config(config_for: Callable[[int, int, float], Mapping[str, Any] | None],
+                    measured: Sequence[Mapping[str, Any]]) -> None:
+    """``config_for(psi, ranks, gpu_bytes)``: a DeepSpeed configuration (a dict) with the lowest ZeRO stage whose
+    params, gradients and Adam state (mixed precision) fit in ``gpu_bytes`` per rank, or None. Judged by what
+    DeepSpeed reads from it (:func:`deepspeed_reads`): first against the runs (given exactly the bytes stage k
+    measured per rank, the answer is stage k: a lower stage does not fit in them, stage k does), then against
+    FT3-sized cases."""
+    cases = [((r["psi"], r["world_size"], r["measured_bytes"]), r["zero_stage"], f"stage {r['zero_stage']}'s measured bytes")
+             for r in sorted(measured, key=lambda r: r["zero_stage"])]
+    cases += [(args, want, "an FT3-sized case") for args, want in STAGE_CASES.items()]
+    for (psi, ranks, gpu), want, what in cases:
+        config = config_for(psi, ranks, gpu)
+        where = f"{psi:,} parameters on {ranks} rank(s) of {gpu / 1e9:g} GB ({what})"
+        if config is None or want is None:
+            if config is not want:
+                raise WrongAnswer(f"{where}: you return {'None' if config is None else 'a configuration'}, but "
+                                  f"{'no stage fits' if want is None else 'a stage fits'}")
+            continue
+        if not isinstance(config, Mapping):
+            raise WrongAnswer(f"{where}: a DeepSpeed configuration is a dict (section 2 printed one), not {config!r}")
+        stage, sixteen_bit = deepspeed_reads(config)
+        if not sixteen_bit:
+            raise WrongAnswer(f"{where}: DeepSpeed reads no bf16 or fp16 section, so it trains in fp32: the bytes "
+                              "per parameter measured above are mixed precision's")
+        if stage != want:
+            raise WrongAnswer(f"{where}: DeepSpeed reads stage {stage} from your configuration. Bytes per parameter: "
+                              "2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master, two Adam moments); stage 1 "
+                              "divides the 12 by the ranks, stage 2 also the gradients' 2, stage 3 also the weights' 2; "
+                              "the lowest stage that fits communicates least")
+    passed("the lowest stage that fits, as DeepSpeed reads it: stage 0 when 16 bytes per parameter fit, else shard "
+           "the optimizer, the gradients, the weights, in that order")
 
 
 # (nodes, CPUs and GPUs per node, CPUs and GPUs per trial) -> trials Ray runs at once: FT3 (2 A100, 64 cores)
