@@ -192,7 +192,7 @@ def test_resumed_run_is_bit_identical_to_uninterrupted(tmp_path):
 
     def trainer(epochs, ckpt):
         torch.manual_seed(0)
-        train, _, _ = data.get_datasets("synthetic", n_train=512, n_val=8, augment=True)
+        train, _, _ = data.get_datasets("synthetic", n_train=256, n_val=8, augment=True)
         return Trainer(build_model("cnn"), data.make_loader(train, 64, shuffle=True, seed=3), "cpu",
                        TrainConfig(epochs=epochs, progress=False, ckpt_dir=str(ckpt)))
 
