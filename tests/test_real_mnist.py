@@ -27,7 +27,7 @@ def test_small_cnn_reaches_95_percent_on_real_mnist():
     assert len(train) == 8000 and len(val) == 2000
     model = build_model("cnn", info.channels, info.num_classes)
     loader = data.make_loader(train, 64, shuffle=True)
-    epochs = 3
+    epochs = 2
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=epochs * len(loader))
     trainer = Trainer(
