@@ -369,3 +369,35 @@ def test_tp_plan_checker_runs_each_plan_on_the_ranks_and_rejects_what_is_not_meg
     for not_a_plan in ({"gate": "colwise"}, [Col(), Col(), Row()], {"fc1": Col(), "fc2": Row()}):
         with pytest.raises(WrongAnswer):
             exercises.check_tp_plan(lambda: not_a_plan)
+
+
+def _space(base=None, batch=None, lr=None):
+    """A search space like the reference, with one part written otherwise."""
+    from ray import tune
+
+    return lambda: {"base_lr": base or tune.loguniform(1e-3, 1e-1), "batch_size": batch or tune.choice([32, 64, 128]),
+                    "lr": lr or tune.sample_from(lambda spec: spec.config.base_lr * spec.config.batch_size / 32)}
+
+
+def _wrong_spaces():
+    from ray import tune
+
+    return {
+        "uniform base": _space(base=tune.uniform(1e-3, 1e-1)),
+        "a decade too low": _space(base=tune.loguniform(1e-4, 1e-2)),
+        "lr not scaled": _space(lr=tune.sample_from(lambda spec: spec.config.base_lr)),
+        "scaled by the batch, not batch / 32": _space(lr=tune.sample_from(lambda spec: spec.config.base_lr * spec.config.batch_size)),
+        "batch from a range": _space(batch=tune.randint(32, 129)),
+        "base from a few values": _space(base=tune.choice([1e-3, 1e-2, 1e-1])),
+        "lr drawn on its own": _space(lr=tune.loguniform(1e-3, 4e-1)),
+        "no lr key": lambda: {"base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128])},
+        "not a dict": lambda: [tune.loguniform(1e-3, 1e-1)],
+    }
+
+
+def test_search_space_checker_draws_with_tune_and_rejects_what_does_not_follow_the_rule():
+    exercises.check_search_space(solutions.scaled_lr_space)
+    for name, wrong in _wrong_spaces().items():
+        with pytest.raises(WrongAnswer):
+            exercises.check_search_space(wrong)
+            pytest.fail(f"{name} passed")

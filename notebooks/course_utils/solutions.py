@@ -81,6 +81,14 @@ def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
     return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
+def scaled_lr_space() -> dict:
+    from ray import tune
+
+    # the base rate log-uniform (each decade alike), the batch a choice; lr resolved from both for each trial
+    return {"base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128]),
+            "lr": tune.sample_from(lambda spec: spec.config.base_lr * spec.config.batch_size / 32)}
+
+
 def swiglu_plan() -> dict:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 

@@ -1,4 +1,5 @@
-"""Notebooks 06-08: Lightning's optimiser steps, a DeepSpeed configuration for a memory budget, trials at once."""
+"""Notebooks 06-08: Lightning's optimiser steps, a DeepSpeed configuration for a memory budget, trials at once,
+a search space with notebook 03's scaling rule."""
 
 from __future__ import annotations
 
@@ -129,3 +130,66 @@ def check_trials_at_once(at_once: Callable[[int, float, float, float, float], in
                               "each node on its own, the scarcer resource decides, and a fraction of a GPU never "
                               "spans two GPUs")
     passed("per node, the scarcer of CPUs and GPUs decides; a 0.4-GPU trial fits twice on a GPU, not 2.5 times")
+
+
+# --------------------------------------------------------------------------- #
+# 08: a search space whose learning rate follows the batch (notebook 03's rule)
+# --------------------------------------------------------------------------- #
+SCALED_BATCHES, BASE_LR = (32, 64, 128), (1e-3, 1e-1)
+
+
+def draw_configs(space: Mapping[str, Any], n: int = 3000, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` trials' configurations drawn from ``space`` by Tune's own variant generator, as ``Tuner`` draws
+    them (one draw per trial; ``tune.sample_from`` resolved against the other values)."""
+    import numpy as np
+    from ray.tune.search.variant_generator import generate_variants
+
+    rng = np.random.RandomState(seed)
+    return [config["config"] for _ in range(n)
+            for _, config in generate_variants({"config": dict(space)}, random_state=rng)]
+
+
+def scaled_space_verdict(configs: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the drawn configurations do not follow ``lr = base x batch_size / 32`` with the batch from
+    :data:`SCALED_BATCHES` and the base log-uniform over :data:`BASE_LR`, or None if they do. Tolerances:
+    5 points on a share of 3,000 draws (about 6 standard errors)."""
+    n = len(configs)
+    if not all("lr" in c and "batch_size" in c for c in configs):
+        return "every trial needs an 'lr' and a 'batch_size' (the keys the course's trial reads)"
+    batches = [c["batch_size"] for c in configs]
+    if set(batches) != set(SCALED_BATCHES) or any(abs(batches.count(b) / n - 1 / 3) > 0.05 for b in SCALED_BATCHES):
+        shares = {b: f"{batches.count(b) / n:.0%}" for b in sorted(set(batches), key=str)[:8]}
+        return f"batch sizes drawn: {shares}; each of {SCALED_BATCHES} should come a third of the time"
+    base = [c["lr"] * 32 / c["batch_size"] for c in configs]
+    low, high = BASE_LR
+    if min(base) < low * (1 - 1e-9) or max(base) > high * (1 + 1e-9):
+        return (f"lr x 32 / batch_size ranges from {min(base):.2g} to {max(base):.2g}: the base is drawn between "
+                f"{low:g} and {high:g}, and lr follows the batch (notebook 03's rule)")
+    if len(set(base)) < n / 2:
+        return f"only {len(set(base))} different base rates in {n} draws: draw the base from a continuous range"
+    for b in SCALED_BATCHES:
+        mine = [x for x, batch in zip(base, batches) if batch == b]
+        below = sum(x < (low * high) ** 0.5 for x in mine) / len(mine)
+        if abs(below - 0.5) > 0.08:
+            return (f"with batch_size {b}, {below:.0%} of the base rates fall in the lower decade "
+                    f"[{low:g}, {(low * high) ** 0.5:g}): each decade should be equally likely")
+    return None
+
+
+def check_search_space(space: Callable[[], Mapping[str, Any]]) -> None:
+    """``space()``: a Tune search space whose trials get ``batch_size`` from :data:`SCALED_BATCHES` and
+    ``lr = base x batch_size / 32``, the base log-uniform over :data:`BASE_LR`; judged on 3,000 draws."""
+    got = space()
+    if not isinstance(got, Mapping):
+        raise WrongAnswer(f"a search space is a dict (tune.Tuner's param_space), not {got!r}")
+    try:
+        configs = draw_configs(got)
+    except Exception as exc:
+        raise WrongAnswer(f"Tune could not draw from your space: {type(exc).__name__}: {exc}") from None
+    verdict = scaled_space_verdict(configs)
+    if verdict:
+        raise WrongAnswer(verdict)
+    shares = {b: sum(c["batch_size"] == b for c in configs) / len(configs) for b in SCALED_BATCHES}
+    print(f"{len(configs):,} draws: batch sizes {', '.join(f'{b} {s:.0%}' for b, s in shares.items())}; "
+          f"lr from {min(c['lr'] for c in configs):.2g} to {max(c['lr'] for c in configs):.2g}")
+    passed("the base log-uniform, the batch a choice, and lr resolved from both with tune.sample_from")
