@@ -158,3 +158,26 @@ def test_a_run_s_command_is_shown_as_a_person_types_it_and_a_missing_line_is_an_
     assert command_line(cmd) == "torchrun --nproc-per-node=2 scripts/whoami.py --flag 'two words'"
     with pytest.raises(ValueError, match="plain_ddp.py has no line containing 'no such line'"):
         show_lines("plain_ddp.py", "no such line")
+
+
+def test_a_rank_s_worker_is_found_by_its_environment_and_the_agent_is_not(tmp_path):
+    """find_rank_pid (psutil): the process whose command line holds the marker and whose RANK is asked for; not
+    another rank's, not a torchrun agent's with the same marker."""
+    import subprocess
+    import sys
+
+    from course_utils.launch import find_rank_pid
+
+    marker = str(tmp_path / "marker")
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    procs = {name: subprocess.Popen([*sleep, marker, *extra], env={**os.environ, "RANK": rank})
+             for name, rank, extra in (("rank 0", "0", []), ("agent", "1", ["torch.distributed.run"]),
+                                       ("rank 1", "1", []))}
+    try:
+        assert find_rank_pid(marker, rank=1) == procs["rank 1"].pid
+        assert find_rank_pid(marker, rank=0) == procs["rank 0"].pid
+        assert find_rank_pid(marker, rank=2) is None
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

@@ -240,17 +240,18 @@ def _tail(text: str, n: int = 80) -> str:
 
 
 def find_rank_pid(marker: str, rank: int) -> int | None:
-    """PID of the worker with ``RANK=rank`` whose command line contains ``marker``
-    (Linux /proc), not the torchrun agent's."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """PID of the worker with ``RANK=rank`` whose command line contains ``marker``, not the torchrun
+    agent's (psutil: Linux and macOS alike)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if marker in cmdline and "torch.distributed.run" not in cmdline \
+                    and proc.environ().get("RANK") == str(rank):
+                return proc.pid
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        if marker.encode() in cmdline and b"torch.distributed.run" not in cmdline \
-                and f"RANK={rank}".encode() in environ:
-            return int(pid)
     return None
 
 
