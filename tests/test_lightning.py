@@ -6,6 +6,7 @@ Lightning run; those checks live there. Here: what a notebook cannot show, the m
 """
 
 import math
+import os
 import re
 import sys
 from datetime import timedelta
@@ -222,3 +223,38 @@ def test_a_rank_forked_from_a_kernel_that_computed_needs_one_thread():
                 os.kill(pid, 9)
                 os.waitpid(pid, 0)
     assert seen == {"callback": "finished"}, seen
+
+
+# what each launcher leaves in a rank's environment (the variables both readers look at)
+LAUNCHER_ENVS = {
+    "plain python": ({}, "none"),
+    "torchrun": ({"TORCHELASTIC_RUN_ID": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}, "torchrun"),
+    "srun, 2 tasks a node": ({"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NNODES": "2", "SLURM_LOCALID": "1",
+                              "SLURM_STEP_NUM_TASKS": "4", "SLURM_JOB_NAME": "train"}, "slurm"),
+    "python in a one-task batch job": ({"SLURM_NTASKS": "1", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "train"}, "slurm"),
+    "torchrun inside a Slurm job": ({"SLURM_NTASKS": "1", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "lab",
+                                     "TORCHELASTIC_RUN_ID": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}, "torchrun"),
+    "an interactive allocation": ({"SLURM_NTASKS": "1", "SLURM_NNODES": "1", "SLURM_JOB_NAME": "interactive"}, "none"),
+}
+
+
+@pytest.mark.parametrize("case", LAUNCHER_ENVS, ids=str)
+def test_plan_launch_reads_the_launcher_lightning_itself_detects(case, monkeypatch):
+    """A contract with the installed Lightning: the launcher plan_launch checks the layout against is the cluster
+    environment Lightning's own Trainer chooses (_AcceleratorConnector: TorchElastic first, then SLURM), so an
+    upgrade that changes Lightning's detection fails here rather than on a cluster."""
+    from types import SimpleNamespace
+
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment
+    from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
+
+    env, ours = LAUNCHER_ENVS[case]
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_")) or k in ("WORLD_SIZE",
+                                                                                             "LOCAL_WORLD_SIZE",
+                                                                                             "LOCAL_RANK", "RANK")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    chosen = _AcceleratorConnector._choose_and_init_cluster_environment(SimpleNamespace(_cluster_environment_flag=None))
+    lightning = {TorchElasticEnvironment: "torchrun", SLURMEnvironment: "slurm", LightningEnvironment: "none"}[type(chosen)]
+    assert plan_launch("cpu", None, None, gpus_visible=0).launcher == lightning == ours
