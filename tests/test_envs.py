@@ -19,11 +19,42 @@ def test_environment_files_are_generated_from_pyproject():
 
 
 @pytest.mark.parametrize("cluster", ["ft3", "frontera"])
-def test_environment_file_parses_and_pins_torch(cluster):
+def test_environment_file_parses_and_the_setup_installs_the_pins_with_the_constraints(cluster):
+    """conda brings Python and pip; the pins reach the cluster with constraints.txt, torch first in the build the
+    driver chooses (envs/cuda_build.py), so nothing resolves afresh there."""
     spec = yaml.safe_load((REPO_ROOT / "envs" / cluster / "environment.yml").read_text())
-    pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
-    assert "python=3.11" in spec["dependencies"]
-    assert any(p.startswith("torch==") for p in pip) and all("==" in p for p in pip)
+    assert spec["dependencies"] == ["python=3.11", "pip"]
+    setup = (REPO_ROOT / "envs" / "setup_conda.sh").read_text()
+    installs = [line for line in setup.splitlines() if line.startswith("python -m pip install")]
+    assert installs and all('-c "$ROOT/constraints.txt"' in line for line in installs), installs
+    assert "$TORCH_BUILD $TORCH_PINS" in installs[0] and '-e "${ROOT}[lab,test]"' in installs[1]
+
+
+@pytest.mark.parametrize("driver, build, status", [
+    ("580.65.06", [], 0),                                                        # CUDA 13: PyPI's wheel
+    ("575.57.08", ["--extra-index-url", "https://download.pytorch.org/whl/cu126"], 0),
+    ("525.60.13", ["--extra-index-url", "https://download.pytorch.org/whl/cu126"], 0),  # CUDA 12's oldest
+    ("470.82.01", [], 2),                                                        # too old for either
+    (None, [], 0),                                                               # no driver seen: PyPI's, said so
+])
+def test_the_torch_build_is_chosen_from_the_driver(driver, build, status, monkeypatch):
+    sys.path.insert(0, str(REPO_ROOT / "envs"))
+    try:
+        import cuda_build
+    finally:
+        sys.path.pop(0)
+    monkeypatch.delenv("COURSE_TORCH_INDEX", raising=False)
+    args, why, code = cuda_build.choose(driver)
+    assert (args, code) == (build, status) and why
+    if driver is None:
+        assert "COURSE_CUDA_DRIVER" in why
+    monkeypatch.setenv("COURSE_TORCH_INDEX", "https://download.pytorch.org/whl/cu128")
+    if build:
+        assert cuda_build.choose(driver)[0] == ["--extra-index-url", "https://download.pytorch.org/whl/cu128"]
+    monkeypatch.delenv("COURSE_TORCH_INDEX")
+    out = subprocess.run([sys.executable, str(REPO_ROOT / "envs" / "cuda_build.py"), "--driver", driver or "590.1"],
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == (" ".join(build) if driver else "") and len(out.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("script", SHELL, ids=lambda p: str(p.relative_to(REPO_ROOT)))

@@ -9,4 +9,6 @@ if [[ -z "${COURSE_CONDA_ENV:-}" && -z "${WORK:-}" ]]; then
     exit 2
 fi
 export COURSE_CONDA_ENV="${COURSE_CONDA_ENV:-$WORK/conda/envs/distdl}"
+# the srun that reaches one RTX 5000, for the check the setup prints at its end
+export COURSE_GPU_CHECK="${COURSE_GPU_CHECK-srun -p rtx-dev -N1 -n1 -t 5}"
 exec bash "$(dirname "${BASH_SOURCE[0]}")/../setup_conda.sh"

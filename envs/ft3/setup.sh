@@ -9,4 +9,6 @@ if [[ -z "${COURSE_CONDA_ENV:-}" && -z "${STORE:-}" ]]; then
     exit 2
 fi
 export COURSE_CONDA_ENV="${COURSE_CONDA_ENV:-$STORE/conda/envs/distdl}"
+# the srun that reaches one A100, for the check the setup prints at its end
+export COURSE_GPU_CHECK="${COURSE_GPU_CHECK-srun -N1 -n1 -t 5 --gres=gpu:a100:1}"
 exec bash "$(dirname "${BASH_SOURCE[0]}")/../setup_conda.sh"
