@@ -48,7 +48,7 @@ html_theme = "furo"
 html_title = project
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3
-suppress_warnings = ["myst.xref_missing", "myst.header"]
+suppress_warnings = ["myst.header"]  # a reference that leads nowhere is reported (myst.xref_missing)
 '''
 
 

@@ -38,7 +38,7 @@ def bar_chart(labels: Sequence[str], values: Sequence[float], ylabel: str, title
 
 
 def paired_bars(groups: Sequence[str], series: dict[str, Sequence[float]], xlabel: str, title: str,
-                log: bool = True, annotate: str = "{:,.0f}"):
+                log: bool = True, annotate: str = "{:,.0f}", legend: str = "lower right"):
     """Horizontal bars, one colour per series, side by side within each group; a log axis by default,
     so that a bar 100 times shorter than its neighbour is still seen."""
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(groups) * len(series) + 1.4))
@@ -54,7 +54,7 @@ def paired_bars(groups: Sequence[str], series: dict[str, Sequence[float]], xlabe
         ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc=legend, fontsize=8)  # where the bars leave room
     fig.tight_layout()
     _show()
 
