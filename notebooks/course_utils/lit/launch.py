@@ -12,11 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.environments import SLURMEnvironment
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
 from ..devices import PlacementError, gpus_bound, node_device
-from ..precision import resolve_precision
 
 
 # the course's precision names -> Lightning's and Fabric's

@@ -10,8 +10,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from torch import nn
 from torch.utils.data import Dataset
 

@@ -4,13 +4,11 @@ own output kept to what the lesson reads."""
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -20,7 +18,7 @@ from ..checkpoint import CheckpointError, load_checkpoint
 from ..config import TrainConfig
 from ..process_group import collective_timeout_s
 from ..precision import resolve_precision, set_tf32
-from .launch import LaunchPlan, placement_args, plan_launch, precision_args, sharded_placement, strategy_refused
+from .launch import LaunchPlan, placement_args, precision_args, sharded_placement
 from .module import StopOnSignal, ThroughputCallback
 
 
