@@ -39,7 +39,7 @@ def check_interleaved_bubble(bubble: Callable[[int, int, int], float], measured:
             raise WrongAnswer(f"close to this run's measurements, but {p} ranks, {m} micro-batches, {v} chunk(s) per "
                               f"rank: you say {got:.4f}, the schedule idles {want:.4f} of the step.{hint}")
     passed("each rank works in v*m slots of 1/v of a micro-batch's time and the pipeline fills and drains in p-1 "
-           "of them: (p-1)/(v*m+p-1); more chunks shrink the bubble at the price of v times the sends")
+           "of them: (p-1)/(v*m+p-1); more chunks shrink the bubble at the price of more sends")
 
 
 # --------------------------------------------------------------------------- #
