@@ -54,8 +54,10 @@ $(STAMP): pyproject.toml constraints.txt setup.cfg envs/jupyterlab/overrides.jso
 	# JupyterLab's defaults for this environment: no news prompt, no update check
 	mkdir -p $(VENV)/share/jupyter/lab/settings
 	cp envs/jupyterlab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
-	# DeepSpeed builds some C++ ops on first use: build them once here, not in every notebook and test
-	$(PY) -c 'from course_utils.sharding import warm_deepspeed_ops; warm_deepspeed_ops()'
+	# DeepSpeed builds some C++ ops on first use: build them once here, not in every notebook and test (about a
+	# minute on 2 cores). torch builds through ccache where it is installed (apt-get install ccache): then a new
+	# clone's setup reuses an earlier clone's objects in seconds (CCACHE_BASEDIR: the clone's paths as relative ones)
+	CCACHE_BASEDIR=$(CURDIR) $(PY) -c 'from course_utils.sharding import warm_deepspeed_ops; warm_deepspeed_ops()'
 	@touch $(STAMP)
 
 setup: $(STAMP)
