@@ -325,7 +325,7 @@ COVERED = {
            "args / --epochs": "test_03_ddp", "args / --n-train": "test_03_ddp", "args / --n-val": "test_03_ddp",
            "args / --batch-size": "test_03_ddp", "run / run_script(train.py) / timeout_s=": "test_03_ddp",
            "EPOCHS": "test_03_lr_scaling", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_train=":
-               "test_03_lr_scaling",
+               "test_03_lr_scaling", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_val=": "test_03_lr_scaling",
            "run / run_script(ddp_buckets.py) / --steps": "test_03_checks_and_buckets",
            "run / run_script(ddp_buckets.py) / --batch-size": "test_03_checks_and_buckets",
            "batch": "test_03_scaling", "steps": "test_03_scaling"},
@@ -360,6 +360,7 @@ COVERED = {
            "TRAIN_ARGS": "test_10_staging_job", "made / subprocess.run() / -n / str()": "test_10_staging_job",
            "made / subprocess.run() / --n-val / str()": "test_10_staging_job",
            "rec / slurm.wait() / timeout_s=": "test_10_staging_job"},
+    "11": {"TIMEOUT_S": "test_11_hang"},
 }
 
 
@@ -503,7 +504,9 @@ def test_03_lr_scaling(full):
     small, big = full.value("03", "SMALL"), full.value("03", "BIG")
     epochs = full.value("03", "EPOCHS")
     n_train = full.pick("03", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_train=")
+    n_val = full.pick("03", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_val=")
     assert big % small == 0 and epochs >= 2, "an integer scale factor; the warm-up epoch leaves epochs to compare"
+    assert n_val >= 1024, "the full profile reports its validation accuracy on 1,024 images or more"
     assert n_train // big >= 10, "the big batch still takes steps each epoch"
     assert fits(full.target, train_memory("cnn", big))
 
@@ -913,3 +916,14 @@ def test_10_staging_job(target, monkeypatch):
     est = job_seconds(target, flags, "multi_node_srun", n_train=n_train) + n_val / LOADER_IMAGES_PER_S
     assert limit_s >= TIMEOUT_MARGIN * est
     assert full.pick("10", "rec / slurm.wait() / timeout_s=") >= limit_s
+
+
+# --------------------------------------------------------------------------- #
+# 11 when things go wrong
+# --------------------------------------------------------------------------- #
+def test_11_hang(full):
+    """Every fault runs on the CPU with gloo, whatever the node: the full profile only waits longer for the stuck
+    rank (a loaded login or portal node starts processes slowly), and each run still ends inside its 120 s limit:
+    start-up, the timeout, then the launcher's stop."""
+    timeout_s = full.value("11", "TIMEOUT_S")
+    assert 5 <= timeout_s <= 120 / 4

@@ -725,14 +725,13 @@ def test_every_pattern_of_a_detected_site_runs_unchanged_a_rank_per_gpu(other_ce
     researcher runs first at a new centre): every process reports its rank and the GPUs it sees, and the course's
     device policy (devices.place_ranks, as the course's scripts call it) gives each rank of a job its own GPU, the
     one LOCAL_RANK names (a plain torchrun script's choice), and each writes a file into the RUN_DIR the pattern
-    hands it (each trial of the array its own). The plain DDP script then trains through the srun
-    pattern on all 8 GPUs: the ranks do meet. (The Ray pattern: the next test.)"""
+    hands it (each trial of the array its own). That ranks so started meet and train: notebook 04 (the plain DDP
+    script through the same srun template). (The Ray pattern: the next test.)"""
     other, _, scripts = other_centre
     patterns = [p for p in generate.patterns() if p != "multi_node_ray"]
     jobs = {slurm.sbatch(scripts / f"{p}.sbatch", env={"TRAIN_SCRIPT": PROBE, "TRAIN_ARGS": "--probe"}): p
             for p in patterns}
-    plain = slurm.sbatch(scripts / "multi_node_srun.sbatch", env={**PLAIN, **ONE_THREAD})
-    records = slurm.wait([*jobs, plain], timeout_s=600)
+    records = slurm.wait(list(jobs), timeout_s=600)
     for job, pattern in jobs.items():
         report = other.job_report(job, records[job])
         assert {(r["JobState"], r["ExitCode"]) for r in records[job]} == {("COMPLETED", "0:0")}, report
@@ -750,9 +749,6 @@ def test_every_pattern_of_a_detected_site_runs_unchanged_a_rank_per_gpu(other_ce
         assert len({p["host"] for p in seen}) == nodes and len({p["rendezvous"] for p in seen}) == 1, (pattern, seen)
         placed = place_ranks([RankView(p["host"], tuple(p["gpus"])) for p in seen], "cuda")
         assert [d.device for d in placed] == [f"cuda:{p['local_rank']}" for p in seen], (pattern, placed, seen)
-    record = records[plain][0]
-    (result,) = plain_results(Path(record["StdOut"]))
-    assert result["world_size"] == 8 and result["local_world_size"] == 4 and result["ranks_agree"], result
 
 
 @needs_cluster
@@ -766,7 +762,7 @@ def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_
     (FT3's and Frontera's scripts are the same template with other #SBATCH lines: sbatch --test-only above; a
     request no node holds: tests/test_tune.py.)"""
     cluster, _, scripts = other_centre
-    search = ("--model cnn --epochs 5 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
+    search = ("--model cnn --epochs 3 --n-train 256 --n-val 64 --batch-size 32 --workers 0 --num-samples 2 "
               "--cpus-per-trial 32 --held-out 200 --scheduler fifo --nodes 1")
     env = {"COURSE_RUNS": str(tmp_path), "PYTHONPATH": str(REPO_ROOT / "tests" / "slow_imports"),
            "TRAIN_ARGS": search, **ONE_THREAD}
@@ -777,7 +773,7 @@ def test_the_ray_pattern_starts_on_cold_nodes_waits_for_every_node_and_requeues_
         assert (slurm.job_records(job) or [{}])[0].get("JobState") in ("PENDING", "CONFIGURING", "RUNNING")
         return any(search_dir.glob("*/checkpoint_*"))
 
-    # signalled at a trial's first checkpoint, with 4 of its 5 epochs to go: the search cannot end before the signal
+    # signalled at a trial's first checkpoint, with 2 of its 3 epochs to go: the search cannot end before the signal
     wait_until(first_trial_reported, 600, lambda: AssertionError(cluster.job_report(job, slurm.job_records(job))),
                interval_s=0.5)
     slurm.signal_batch(job, "USR1")  # what --signal=B:USR1@120 does before the time limit
