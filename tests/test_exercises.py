@@ -401,3 +401,22 @@ def test_search_space_checker_draws_with_tune_and_rejects_what_does_not_follow_t
         with pytest.raises(WrongAnswer):
             exercises.check_search_space(wrong)
             pytest.fail(f"{name} passed")
+
+
+def _rank_and_next(records, rank):
+    seq = max(e["seq"] for e in records[rank]) + 1
+    return rank, seq, next(e["op"] for es in records.values() for e in es if e["seq"] == seq)
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda rec: _rank_and_next(rec, min(rec, key=lambda r: len(rec[r]))),  # fewest entries: wrong once buffers wrap
+    lambda rec: (max(rec, key=lambda r: rec[r][-1]["seq"]), *_rank_and_next(rec, min(rec, key=lambda r: rec[r][-1]["seq"]))[1:]),  # the rank ahead
+    lambda rec: (lambda r, s, o: (r, s - 1, o))(*solutions.behind(rec)),  # its own last collective, not the one missed
+    lambda rec: (lambda r, s, o: (r, s, rec[r][-1]["op"]))(*solutions.behind(rec)),  # the op from its own record
+    lambda rec: (1, *solutions.behind(rec)[1:]),  # rank 1, as in the notebook's run
+])
+def test_behind_checker(wrong):
+    run = exercises.made_records(2, 3, 1, 2)  # the notebook's run: rank 1 stuck before collective #3
+    exercises.check_behind(solutions.behind, run, (1, 3, "all_reduce"))
+    with pytest.raises(WrongAnswer):
+        exercises.check_behind(wrong, run, (1, 3, "all_reduce"))

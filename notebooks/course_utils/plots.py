@@ -201,3 +201,32 @@ def shard_deal_chart(deals: dict[str, Sequence], workers: int, title: str = ""):
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     _show()
+
+
+def flight_record_chart(records: dict[int, list[dict]], title: str):
+    """Who waits for whom, from the ranks' flight records (``flight_records.read_flight_records``): a row per rank,
+    a box per collective by its sequence number, up to the last any rank entered: entered by every rank (blue),
+    entered by this rank while another never entered it (orange: waiting), or never entered (an empty red box)."""
+    last = max((e["seq"] for entries in records.values() for e in entries), default=0)
+    first = max(1, last - 7)
+    seqs = {rank: {e["seq"]: e for e in entries} for rank, entries in records.items()}
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(records) + 1.4))
+    for row, rank in enumerate(records):
+        for seq in range(first, last + 1):
+            e = seqs[rank].get(seq)
+            if e is None:
+                ax.add_patch(plt.Rectangle((seq - 0.4, row - 0.3), 0.8, 0.6, fill=False, edgecolor=PALETTE[3], lw=2))
+                ax.text(seq, row, "never\nentered", ha="center", va="center", fontsize=7, color=PALETTE[3])
+                continue
+            everyone = all(seq in mine or seq < min(mine, default=seq) for mine in seqs.values())
+            ax.add_patch(plt.Rectangle((seq - 0.4, row - 0.3), 0.8, 0.6, color=PALETTE[0] if everyone else PALETTE[1]))
+            ax.text(seq, row, e["op"].replace("_", "\n", 1) if everyone else "waiting", ha="center", va="center",
+                    fontsize=7, color="white")
+    ax.set_xlim(first - 0.6, last + 0.6)
+    ax.set_ylim(len(records) - 0.4, -0.6)
+    ax.set_xticks(range(first, last + 1), [f"#{s}" for s in range(first, last + 1)])
+    ax.set_yticks(range(len(records)), [f"rank {r}" for r in records])
+    ax.set_xlabel("collective, by its sequence number in the group")
+    ax.set_title(title)
+    fig.tight_layout()
+    _show()

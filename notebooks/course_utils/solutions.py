@@ -103,3 +103,13 @@ def plan_workers(worker_ms: float, compute_ms: float, cores: int) -> tuple[int, 
     workers = max(1, min(math.ceil(worker_ms / compute_ms), cores - 1))
     # the device computes compute_ms out of every max(compute_ms, worker_ms / workers)
     return workers, min(1.0, workers * compute_ms / worker_ms)
+
+
+def behind(records: dict) -> tuple[int, int, str]:
+    # a sequence number names the same collective on every rank; the rank whose recorder stops earliest is behind,
+    # whatever the buffer kept, and the next number is the collective it never entered: its name is in the others'
+    last = {rank: max((e["seq"] for e in entries), default=0) for rank, entries in records.items()}
+    rank = min(last, key=last.get)
+    seq = last[rank] + 1
+    op = next(e["op"] for entries in records.values() for e in entries if e["seq"] == seq)
+    return rank, seq, op

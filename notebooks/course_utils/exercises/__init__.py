@@ -13,7 +13,7 @@ is wrong. With ``COURSE_SOLUTIONS=1`` (what the test suite sets) the reference
 solution in :mod:`course_utils.solutions` runs instead, through the same checker.
 
 The checkers live by the notebooks they judge: foundations (00-03), clusters (04-05),
-frameworks (06-08), parallelism (09), data (10).
+frameworks (06-08), parallelism (09), data (10), debugging (11).
 """
 
 from .core import SOLUTIONS_VAR, ExerciseNotDone, WrongAnswer, exercise, passed, solutions_enabled
@@ -43,3 +43,4 @@ from .frameworks import (
 )
 from .parallelism import BUBBLE_CASES, check_interleaved_bubble, check_tp_plan, run_tp_plans, tp_plan_verdict
 from .data import AU_SLACK, PLAN_CASES, check_plan_workers
+from .debugging import BEHIND_CASES, check_behind, made_records

@@ -1,0 +1,70 @@
+"""Notebook 11: the rank that is behind, from the ranks' flight records."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .core import ExerciseNotDone, WrongAnswer, passed
+
+Records = dict[int, list[dict[str, Any]]]
+
+
+def _entry(seq: int, op: str) -> dict[str, Any]:
+    return {"seq": seq, "op": op, "shapes": [[2372]], "where": "train.py:94"}
+
+
+def made_records(world: int, last: int, behind: int, behind_last: int, keep: int | None = None,
+                 ops: tuple[tuple[int, str], ...] = ()) -> Records:
+    """Flight records of ``world`` ranks: every rank entered collectives 1..``last`` (and waits in the last),
+    except rank ``behind``, whose last was ``behind_last``; ``keep``: each rank's recorder holds only its
+    last ``keep`` entries (a buffer that wrapped round); ``ops``: the operation of a sequence number, else
+    all_reduce."""
+    ops = dict(ops)
+    records = {}
+    for rank in range(world):
+        top = behind_last if rank == behind else last
+        entries = [_entry(s, ops.get(s, "all_reduce")) for s in range(1, top + 1)]
+        records[rank] = entries[-keep:] if keep else entries
+    return records
+
+
+# (what the case stands for, world, last, behind, behind_last, keep, ops) -> the answer: (rank, seq, op)
+BEHIND_CASES = {
+    ("4 ranks, rank 2 stuck in its data loading", 4, 5, 2, 4, None, ()): (2, 5, "all_reduce"),
+    ("8 ranks, each recorder kept its last 4 entries", 8, 10, 6, 9, 4, ()): (6, 10, "all_reduce"),
+    ("rank 0 writing a checkpoint while the others wait in a barrier", 4, 4, 0, 3, None, ((4, "barrier"),)):
+        (0, 4, "barrier"),
+    ("an all_gather after all_reduces, 3 ranks", 3, 6, 1, 5, None, ((6, "all_gather"),)): (1, 6, "all_gather"),
+}
+
+
+def check_behind(behind: Callable[[Records], tuple[int, int, str]], run_records: Records,
+                 run_answer: tuple[int, int, str]) -> None:
+    """``behind(records)`` -> (the rank that is behind, the sequence number of the collective it never entered,
+    that collective's operation): on this run's records, then on records of runs not made here."""
+    cases = [("this run", run_records, run_answer)]
+    cases += [(name, made_records(*shape), want) for (name, *shape), want in BEHIND_CASES.items()]
+    for name, records, want in cases:
+        try:
+            got = behind(records)
+        except ExerciseNotDone:
+            raise
+        except Exception as exc:  # records unlike this run's: say which, not a traceback into the checker
+            raise WrongAnswer(f"{name}: your function raised {type(exc).__name__}: {exc}") from exc
+        try:
+            rank, seq, op = got
+        except (TypeError, ValueError):
+            raise WrongAnswer(f"{name}: return (rank, seq, op), not {got!r}") from None
+        if int(rank) != want[0]:
+            reached = max((e["seq"] for e in records.get(int(rank), [])), default=None)
+            raise WrongAnswer(f"{name}: rank {rank}'s recorder reaches collective #{reached}; another rank's stops "
+                              f"earlier")
+        if int(seq) != want[1]:
+            raise WrongAnswer(f"{name}: rank {rank} is the one, but #{seq} is not the collective it never entered "
+                              f"(look at the last sequence number its recorder holds)")
+        if op != want[2]:
+            raise WrongAnswer(f"{name}: collective #{seq} is right, but the others entered it as '{want[2]}', not "
+                              f"'{op}' (the rank that is behind has no entry for it)")
+    passed("the rank whose recorder stops earliest, and the next sequence number, which the others entered and "
+           "wait in; its operation is in their records, not in the rank's own")
