@@ -410,7 +410,7 @@ def _rank_and_next(records, rank):
 
 @pytest.mark.parametrize("wrong", [
     lambda rec: _rank_and_next(rec, min(rec, key=lambda r: len(rec[r]))),  # fewest entries: wrong once buffers wrap
-    lambda rec: (max(rec, key=lambda r: rec[r][-1]["seq"]), *_rank_and_next(rec, min(rec, key=lambda r: rec[r][-1]["seq"]))[1:]),  # the rank ahead
+    lambda rec: (max(rec, key=lambda r: rec[r][-1]["seq"]), *solutions.behind(rec)[1:]),  # the rank ahead
     lambda rec: (lambda r, s, o: (r, s - 1, o))(*solutions.behind(rec)),  # its own last collective, not the one missed
     lambda rec: (lambda r, s, o: (r, s, rec[r][-1]["op"]))(*solutions.behind(rec)),  # the op from its own record
     lambda rec: (1, *solutions.behind(rec)[1:]),  # rank 1, as in the notebook's run

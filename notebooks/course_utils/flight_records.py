@@ -2,9 +2,10 @@
 
 A record is what ``torch._C._distributed_c10d._dump_fr_trace()`` (gloo) or ``_dump_nccl_trace()`` (NCCL) returns:
 a pickled dict whose ``entries`` hold, per collective, its sequence number in its process group, its name, the
-shapes it was given, and the Python lines that called it (NCCL's entries also say whether the collective started
-and finished; gloo's mark one that failed as finished too, so the course reads only what was entered). NCCL's watchdog writes one per rank
-on a timeout (``$TORCH_FR_DUMP_TEMP_FILE<rank>``); ``scripts/faulty_ddp.py`` writes the same for gloo.
+shapes it was given, and the Python lines that called it. NCCL's entries also say whether the collective started
+and finished; gloo's mark one that failed as finished too, so the course reads only what was entered. NCCL's
+watchdog writes one per rank on a timeout (``$TORCH_FR_DUMP_TEMP_FILE<rank>``, with ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``);
+``scripts/faulty_ddp.py`` writes the same for gloo.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ def records_table(records: dict[int, list[dict[str, Any]]], last: int = 3) -> st
     """Each rank's last ``last`` collectives, one line a rank: what a person reads first."""
     lines = [f"{'rank':>4s}  {'entries':>7s}  last collectives (#seq op shapes where)"]
     for rank, entries in records.items():
-        shown = ", ".join(f"#{e['seq']} {e['op']} {e['shapes']} {e['where']}"
-                          for e in entries[-last:])
+        shown = ", ".join(f"#{e['seq']} {e['op']} {e['shapes']} {e['where']}" for e in entries[-last:])
         lines.append(f"{rank:4d}  {len(entries):7d}  {shown or '(none recorded)'}")
     return "\n".join(lines)
