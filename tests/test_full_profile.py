@@ -360,7 +360,7 @@ COVERED = {
            "TRAIN_ARGS": "test_10_staging_job", "made / subprocess.run() / -n / str()": "test_10_staging_job",
            "made / subprocess.run() / --n-val / str()": "test_10_staging_job",
            "rec / slurm.wait() / timeout_s=": "test_10_staging_job"},
-    "11": {"TIMEOUT_S": "test_11_hang"},
+    "11": {"TIMEOUT_S": "test_11_hang", "BATCH": "test_11_memory"},
 }
 
 
@@ -927,3 +927,9 @@ def test_11_hang(full):
     start-up, the timeout, then the launcher's stop."""
     timeout_s = full.value("11", "TIMEOUT_S")
     assert 5 <= timeout_s <= 120 / 4
+
+
+def test_11_memory(full):
+    """Section 5 trains resnet18 with AdamW at the full profile's batch on one GPU, then again with the allocator
+    capped between step 1's peak and step 2's: both fit the card with the course's margin."""
+    assert fits(full.target, train_memory("resnet18", full.value("11", "BATCH"), "adamw"))
