@@ -64,8 +64,8 @@ def step_peaks(model_name: str, batch: int, steps: int, device: torch.device) ->
         except torch.OutOfMemoryError as exc:
             oom = {"step": step, "message": str(exc).strip().splitlines()[0]}
             break
-        peak = {PARTS[str(k.value)]: v for k, v in tracker.get_tracker_snapshot("peak")[device].items()
-                if k != "Total"}
+        at_peak = next(v for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device.type)
+        peak = {PARTS[str(k.value)]: v for k, v in at_peak.items() if k != "Total"}
         row = {"step": step, "peak": peak, "peak_total": sum(peak.values())}
         if gpu:
             row["max_allocated"] = torch.cuda.max_memory_allocated(device)
