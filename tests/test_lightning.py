@@ -8,13 +8,14 @@ Lightning run; those checks live there. Here: what a notebook cannot show, the m
 import math
 import os
 import re
+import shutil
 import sys
 from datetime import timedelta
 
 import pytest
 import torch
 
-from course_utils.launch import run_command, run_script
+from course_utils.launch import run_command, run_script, start_script
 from course_utils.lit import (LaunchMismatch, full_weights, latest_checkpoint, plan_launch, precision_args,
                               sharded_placement, strategy_refused)
 from course_utils.precision import precision_for
@@ -74,16 +75,18 @@ def test_a_flag_the_script_leaves_out_is_named(script):
 
 def test_lightning_refuses_to_resume_another_configuration_or_an_unreadable_checkpoint(tmp_path):
     """(Notebook 06 resumes a run and reads its TensorBoard log across both; here: the refusals, in one line.)"""
-    ckpt = ["--ckpt-dir", str(tmp_path)]
-    run_script("train_lightning.py", [*TINY, "--epochs", "1", *ckpt], echo=False)
-    assert latest_checkpoint(tmp_path) == str(tmp_path / "last.ckpt")
-    other = run_script("train_lightning.py", [*TINY, "--epochs", "3", "--batch-size", "16", *ckpt], check=False,
-                       echo=False)
+    run_script("train_lightning.py", [*TINY, "--epochs", "1", "--ckpt-dir", str(tmp_path / "run")], echo=False)
+    assert latest_checkpoint(tmp_path / "run") == str(tmp_path / "run" / "last.ckpt")
+    shutil.copytree(tmp_path / "run", tmp_path / "cut")
+    last = tmp_path / "cut" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a copy cut short, a full quota
+    # the two refusals at once, each on a core of its own
+    other = start_script("train_lightning.py", [*TINY, "--epochs", "3", "--batch-size", "16", "--ckpt-dir",
+                                                str(tmp_path / "run")])
+    broken = start_script("train_lightning.py", [*TINY, "--epochs", "2", "--ckpt-dir", str(tmp_path / "cut")])
+    other, broken = other.wait(check=False), broken.wait(check=False)
     assert other.returncode == 2 and "written by another configuration (batch_size 32 -> 16)" in other.output
     assert "Traceback" not in other.output
-    last = tmp_path / "last.ckpt"
-    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a copy cut short, a full quota
-    broken = run_script("train_lightning.py", [*TINY, "--epochs", "2", *ckpt], check=False, echo=False)
     assert broken.returncode == 2 and "Traceback" not in broken.output, broken.output
     assert f"the checkpoint {last} is unreadable" in broken.output and "no readable checkpoint" in broken.output
 

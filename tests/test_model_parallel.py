@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from course_utils.launch import run_script
+from course_utils.launch import run_script, start_script
 from course_utils.paths import SCRIPTS
 from course_utils.results import parse_result
 
@@ -21,18 +21,21 @@ TINY = ["--hidden", "32", "--heads", "2", "--blocks", "1", "--batch", "2", "--se
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
-def _run(*args):
-    return parse_result(run_script("train_tp.py", [*TINY, *args], nproc=2, env=ONE_THREAD, timeout_s=180,
-                                   echo=False).output)
+def _start(*args):
+    return start_script("train_tp.py", [*TINY, *args], nproc=2, env=ONE_THREAD)
+
+
+def _result(job):
+    return parse_result(job.wait(timeout_s=180).output)
 
 
 def test_a_tensor_parallel_run_resumed_from_its_sharded_checkpoint_ends_where_an_unstopped_run_ends(tmp_path):
     """Two tensor-parallel ranks, SGD with momentum: each rank writes its own shards of the weights and
     of the momentum (torch.distributed.checkpoint) after step 2; the next run reads them and trains
     steps 3 and 4 with exactly the losses of a run that never stopped."""
-    straight = _run("--steps", "4")
-    first = _run("--steps", "2", "--ckpt-dir", str(tmp_path))
-    second = _run("--steps", "4", "--ckpt-dir", str(tmp_path))
+    straight, first = _start("--steps", "4"), _start("--steps", "2", "--ckpt-dir", str(tmp_path))  # at once
+    straight, first = _result(straight), _result(first)
+    second = _result(_start("--steps", "4", "--ckpt-dir", str(tmp_path)))
     assert (tmp_path / "latest").read_text() == "step-4" and not (tmp_path / "step-2").exists()
     assert first["resumed_from"] is None and second["resumed_from"] == 2
     assert first["losses"] + second["losses"] == straight["losses"], (first, second, straight)
@@ -78,15 +81,16 @@ def test_the_pipelined_run_is_train_py_s_run_and_resumes_from_its_sharded_checkp
     from course_utils.models import build_model
     from course_utils.checkpoint import consolidate_sharded
 
-    single = parse_result(run_script("train.py", [*PIPELINE_RUN, "--epochs", "2"], nproc=1, env=ONE_THREAD,
-                                     timeout_s=180, echo=False).output)
+    single = start_script("train.py", [*PIPELINE_RUN, "--epochs", "2"], nproc=1, env=ONE_THREAD)  # beside the first
 
     def pipelined(epochs):
         return parse_result(run_script("train_pipeline.py", ["--train", *PIPELINE_RUN, "--epochs", str(epochs),
                                                              "--ckpt-dir", str(tmp_path)],
                                        nproc=2, env=ONE_THREAD, timeout_s=180, echo=False).output)
 
-    first, second = pipelined(1), pipelined(2)
+    first = pipelined(1)
+    single = parse_result(single.wait(timeout_s=180).output)
+    second = pipelined(2)
     assert first["resumed_from"] is None and second["resumed_from"] == str(tmp_path / "step-8")
     assert first["units"] == [["stem", "blocks.0"], ["blocks.1", "blocks.2", "head"]]
     assert second["train_loss"][:1] == first["train_loss"]
