@@ -10,6 +10,12 @@ most one fault:
                                     rank R all-reduces a tensor of another shape at step S (a branch only that
                                     rank takes: "if rank == 0: log the global loss")
   --slow-rank R --slow-ms MS        rank R computes MS milliseconds longer every step (a straggler)
+  --save-step S --save-s SECONDS --save-mode MODE
+                                    rank 0 alone writes a checkpoint after step S, which takes SECONDS more (a
+                                    sleep stands for a slow shared file system). MODE: "plain", the others go on
+                                    to step S+1; "barrier", every rank waits in a barrier after the save;
+                                    "background", rank 0 copies the state and writes it in a thread (as
+                                    torch.distributed.checkpoint.async_save does), so nobody waits for the write
 
 Every rank keeps the flight recorder torch.distributed keeps (its last collectives: which, of what shape, from
 which line; $TORCH_FR_BUFFER_SIZE entries, 0 turns it off). When a collective fails, or the launcher stops a
@@ -26,6 +32,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +54,26 @@ def dump_flight_record(dump_dir: Path, rank: int, why: str) -> None:
     print(f"rank {rank}: {why}; flight record written to {dump_dir / f'rank_{rank}'}", flush=True)
 
 
+def save_on_rank_0(model: torch.nn.Module, path: Path, extra_s: float, mode: str, rank: int):
+    """Rank 0 writes the checkpoint (``extra_s`` more: a slow file system); the thread writing it, if any."""
+    def write(state: dict) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, path)
+        time.sleep(extra_s)  # a shared file system under load
+        print(f"rank {rank}: checkpoint written ({mode})", flush=True)
+
+    writer = None
+    if rank == 0 and mode == "background":  # copy now, write while training goes on
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        writer = threading.Thread(target=write, args=(state,))
+        writer.start()
+    elif rank == 0:
+        write(model.state_dict())
+    if mode == "barrier":
+        dist.barrier()  # the others wait here for the save, under the same timeout as any collective
+    return writer
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_flag(p)
@@ -58,6 +85,9 @@ def main() -> int:
     p.add_argument("--mismatch-step", type=int, default=3)
     p.add_argument("--slow-rank", type=int)
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--save-step", type=int)
+    p.add_argument("--save-s", type=float, default=0.0, help="how much longer the save takes than the write")
+    p.add_argument("--save-mode", choices=("plain", "barrier", "background"), default="plain")
     p.add_argument("--dump-dir", type=Path, default=Path("flight-records"))
     args = p.parse_args()
 
@@ -76,6 +106,7 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(rank)  # each rank its own data
     compute_s, allreduce_s = [], []
+    writer = None
     try:
         for step in range(1, args.steps + 1):
             start = time.perf_counter()
@@ -102,6 +133,8 @@ def main() -> int:
             opt.step()
             compute_s.append(mid - start)
             allreduce_s.append(end - mid)
+            if step == args.save_step:
+                writer = save_on_rank_0(model, args.dump_dir / "checkpoint.pt", args.save_s, args.save_mode, rank)
     except Exception as exc:  # gloo raises the timeout or the mismatch here; NCCL's watchdog ends the process
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         dump_flight_record(args.dump_dir, rank, f"step {step} failed: {type(exc).__name__}: {first[:300]}")
@@ -111,6 +144,8 @@ def main() -> int:
     dist.all_gather_object(times, {"rank": rank, "compute_s": compute_s, "allreduce_s": allreduce_s})
     emit_result({"world_size": world, "device": str(device), "steps": args.steps, "ranks": times,
                  "slow_rank": args.slow_rank, "slow_ms": args.slow_ms})
+    if writer is not None:
+        writer.join()  # the file is complete before this rank ends; no collective waits for it
     return 0
 
 

@@ -23,6 +23,8 @@ def test_notebook_has_no_outputs(path):
     dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
              and (c.get("outputs") or c.get("execution_count") is not None)]
     assert not dirty, f"{path.name}: cells {dirty} carry outputs; clear them before committing"
+    ids = [c.get("id") for c in nb["cells"]]
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: every cell needs an id of its own (nbformat 4.5)"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -35,6 +37,20 @@ def test_notebook_teaches_in_the_course_shape(path):
     assert "## Exercise" in markdown
     assert "## What you learned" in markdown and "## Further reading" in markdown, "it closes with a summary"
     assert "import course_utils" in code or "from course_utils" in code
+
+
+MAX_WORDS = 150  # a markdown cell a learner reads in one go, between two runs
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_markdown_cells_are_short(path):
+    def words(text: str) -> int:  # prose only: a fenced command or an address is not read as words
+        return len(re.sub(r"https?://\S+", "", re.sub(r"```.*?```", "", text, flags=re.S)).split())
+
+    cells = json.loads(path.read_text())["cells"]
+    long = {i: n for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+            and (n := words("".join(c["source"]))) > MAX_WORDS}
+    assert not long, f"{path.name}: markdown cells over {MAX_WORDS} words (cell: words): {long}; split or cut them"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
