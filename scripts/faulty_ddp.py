@@ -17,6 +17,9 @@ most one fault:
                                     "background", rank 0 copies the state and writes it in a thread (as
                                     torch.distributed.checkpoint.async_save does), so nobody waits for the write
 
+With --debug-port P, rank 0 serves torch's debug server on port P: every rank's Python stacks and flight record
+over HTTP (http://<rank 0's node>:P/stacks), while the job runs.
+
 Every rank keeps the flight recorder torch.distributed keeps (its last collectives: which, of what shape, from
 which line; $TORCH_FR_BUFFER_SIZE entries, 0 turns it off). When a collective fails, or the launcher stops a
 rank (SIGTERM), the rank writes that record to --dump-dir/rank_<r>, as NCCL's watchdog does on a timeout, and
@@ -54,6 +57,16 @@ def dump_flight_record(dump_dir: Path, rank: int, why: str) -> None:
     print(f"rank {rank}: {why}; flight record written to {dump_dir / f'rank_{rank}'}", flush=True)
 
 
+def serve_debug_pages(port: int, rank: int) -> None:
+    """torch's debug server: each rank answers for itself, rank 0 also serves the pages that gather them all."""
+    try:
+        from torch.distributed.debug import start_debug_server
+    except ImportError as exc:
+        print(f"rank {rank}: torch {torch.__version__} has no debug server ({exc}); py-spy still works", flush=True)
+        return
+    start_debug_server(port=port, start_method="spawn")  # spawn: no fork of a process that may hold CUDA
+
+
 def save_on_rank_0(model: torch.nn.Module, path: Path, extra_s: float, mode: str, rank: int):
     """Rank 0 writes the checkpoint (``extra_s`` more: a slow file system); the thread writing it, if any."""
     def write(state: dict) -> None:
@@ -88,6 +101,7 @@ def main() -> int:
     p.add_argument("--save-step", type=int)
     p.add_argument("--save-s", type=float, default=0.0, help="how much longer the save takes than the write")
     p.add_argument("--save-mode", choices=("plain", "barrier", "background"), default="plain")
+    p.add_argument("--debug-port", type=int, help="rank 0 serves torch's debug server on this port")
     p.add_argument("--dump-dir", type=Path, default=Path("flight-records"))
     args = p.parse_args()
 
@@ -100,6 +114,8 @@ def main() -> int:
         os._exit(143)
 
     signal.signal(signal.SIGTERM, stopped)
+    if args.debug_port:
+        serve_debug_pages(args.debug_port, rank)
 
     torch.manual_seed(0)  # the same weights everywhere
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(device)

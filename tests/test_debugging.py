@@ -3,8 +3,9 @@ collectives, and without the flight recorder the ranks' records hold nothing. (W
 
 import pytest
 
-from course_utils.flight_records import read_flight_records
+from course_utils.flight_records import read_debug_server, read_flight_records
 from course_utils.launch import run_script
+from course_utils.process_group import free_port
 
 
 def test_without_detail_or_the_recorder_a_mismatch_names_nothing(tmp_path):
@@ -22,3 +23,8 @@ def test_without_detail_or_the_recorder_a_mismatch_names_nothing(tmp_path):
 def test_no_records_says_what_to_set(tmp_path):
     with pytest.raises(FileNotFoundError, match="TORCH_FR_DUMP_TEMP_FILE"):
         read_flight_records(tmp_path)
+
+
+def test_no_debug_server_says_what_to_call():
+    with pytest.raises(TimeoutError, match="start_debug_server"):
+        read_debug_server(free_port(), wait_s=1)

@@ -35,7 +35,8 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     plots           charts of measured results
     diagrams        each idea drawn before it is measured: the ring, launch trees, DDP's buckets, checkpoints, ZeRO
     failures        random failures replayed on a checkpoint timeline: what each checkpoint interval wastes (05)
-    flight_records  each rank's flight record (its last collectives) read back: who waits for whom (11)
+    flight_records  each rank's flight record (its last collectives) read back: who waits for whom; torch's debug
+                    server's pages (11)
     show            the lesson's lines on the page: a function's source, a script's lines, a command line
     targets         the workshop's machines as facts (tests compute every notebook's full profile for them)
 """

@@ -6,14 +6,23 @@ shapes it was given, and the Python lines that called it. NCCL's entries also sa
 and finished; gloo's mark one that failed as finished too, so the course reads only what was entered. NCCL's
 watchdog writes one per rank on a timeout (``$TORCH_FR_DUMP_TEMP_FILE<rank>``, with ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``);
 ``scripts/faulty_ddp.py`` writes the same for gloo.
+
+While a job runs, torch's debug server (``torch.distributed.debug.start_debug_server``, served by rank 0) shows
+every rank's Python stacks and flight record over HTTP; :func:`read_debug_server` reads a page of it as text.
 """
 
 from __future__ import annotations
 
+import html
 import pickle
 import re
+import textwrap
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+from .waiting import wait_until
 
 TORCH_FILES = re.compile(r"[/\\](torch|site-packages)[/\\]")
 
@@ -49,3 +58,21 @@ def records_table(records: dict[int, list[dict[str, Any]]], last: int = 3) -> st
         shown = ", ".join(f"#{e['seq']} {e['op']} {e['shapes']} {e['where']}" for e in entries[-last:])
         lines.append(f"{rank:4d}  {len(entries):7d}  {shown or '(none recorded)'}")
     return "\n".join(lines)
+
+
+def read_debug_server(port: int, page: str = "stacks", host: str = "127.0.0.1", wait_s: float = 60) -> dict[int, str]:
+    """Each rank's part of a page of torch's debug server, as text: ``stacks`` (every thread's Python stack, as
+    ``faulthandler`` prints it) or ``fr_trace_json`` (the flight record). Waits up to ``wait_s`` for the server."""
+    def fetch() -> str | None:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/{page}", timeout=30) as response:
+                return response.read().decode(errors="replace")
+        except (urllib.error.URLError, ConnectionError):
+            return None  # not serving yet
+
+    body = wait_until(fetch, wait_s, f"nothing answered on {host}:{port} within {wait_s:.0f} s: did rank 0 call "
+                                     "torch.distributed.debug.start_debug_server(port=...)?", interval_s=0.5)
+    text = html.unescape(re.sub(r"<[^>]+>", "", body.split("</nav>", 1)[-1]))
+    parts = re.split(r"^\s*Rank (\d+): \S+\s*$", text, flags=re.M)  # each rank's part starts with its address
+    return {int(rank): re.sub(r"\n\s*\n", "\n", textwrap.dedent(part)).strip()
+            for rank, part in zip(parts[1::2], parts[2::2])}
