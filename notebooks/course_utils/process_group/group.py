@@ -91,7 +91,8 @@ def init_distributed(
         rank=info.rank,
         world_size=info.world_size,
         timeout=_dt.timedelta(seconds=timeout_s),
-        # NCCL then knows each rank's GPU for barrier() and object collectives, instead of guessing
+        # NCCL then knows each rank's GPU for barrier() and object collectives, instead of guessing, and creates
+        # its communicator here rather than inside the first collective, where no timeout applies (pytorch #104506)
         device_id=dev if dev.type == "cuda" else None,
     )
     return info, dev
