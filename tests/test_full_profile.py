@@ -924,12 +924,13 @@ def test_10_staging_job(target, monkeypatch):
 def test_11_hang(full):
     """Every fault runs on the CPU with gloo, whatever the node: the full profile only waits longer for the stuck
     rank (a loaded login or portal node starts processes slowly), and each run still ends inside its 120 s limit:
-    start-up, the timeout, then the launcher's stop."""
+    start-up, the timeout (twice TIMEOUT_S for section 1's hang, which is looked at while it lasts), then the
+    launcher's stop."""
     timeout_s = full.value("11", "TIMEOUT_S")
-    assert 5 <= timeout_s <= 120 / 4
+    assert 5 <= timeout_s and 2 * timeout_s <= 120 / 2
 
 
 def test_11_memory(full):
-    """Section 5 trains resnet18 with AdamW at the full profile's batch on one GPU, then again with the allocator
+    """Section 6 trains resnet18 with AdamW at the full profile's batch on one GPU, then again with the allocator
     capped between step 1's peak and step 2's: both fit the card with the course's margin."""
     assert fits(full.target, train_memory("resnet18", full.value("11", "BATCH"), "adamw"))
