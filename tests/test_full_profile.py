@@ -886,6 +886,10 @@ def test_10_formats(full):
     for world in call_keywords("10", "ShardDataset(", "world"):
         spans = reader_spans(n, world, workers, batch)
         assert [sum(b - a for a, b in r) for r in spans] == [n // world] * world
+    # section 4b: WebDataset's split_by_node gives rank r of 3 the shards r, r + 3, ...: uneven, as the cell asserts
+    sizes = [min(per_shard, n - start) for start in range(0, n, per_shard)]
+    dealt = [sum(sizes[r::3]) for r in range(3)]
+    assert sum(dealt) == n and len(set(dealt)) > 1, dealt
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
