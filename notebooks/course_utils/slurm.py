@@ -141,6 +141,11 @@ class Submissions:
         self.ids.append(job)
         return job
 
+    def add(self, job_id: int | str) -> int:
+        """A job submitted another way (submitit's executor), cancelled with the others if the cell stops."""
+        self.ids.append(int(job_id))
+        return int(job_id)
+
     def command_line(self, script: str | Path, *options: str, env: dict[str, str] | None = None) -> str:
         """What :meth:`sbatch` would submit, as a shell command."""
         return command_line(script, *options, env=env, time_limit=self.time_limit)
