@@ -8,7 +8,8 @@ DeepSpeed engine in place of DDP, and the bytes each rank holds measured by stag
 Launch it with torchrun, or with srun (slurm/*/multi_node_deepspeed.sbatch), like every course
 script. Not with the `deepspeed` launcher: it starts the ranks of other nodes over passwordless ssh
 from a hostfile, which many clusters forbid. The optimizer is the course's (--optimizer); with
---ckpt-dir the engine writes a ZeRO checkpoint each epoch and a new run resumes from it.
+--ckpt-dir the engine writes a ZeRO checkpoint each epoch and a new run resumes from it: on the same
+number of ranks, or, with --universal, on any number once ds_to_universal has converted it.
 """
 
 import argparse
@@ -54,6 +55,9 @@ deepspeed_args = add_sharding_args(parser, "deepspeed")
 deepspeed_args.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=2, help="(default: 2)")
 deepspeed_args.add_argument("--offload-optimizer", action="store_true",
                             help="keep the fp32 master weights and the optimizer's moments in CPU memory")
+deepspeed_args.add_argument("--universal", action="store_true",
+                            help="resume from the Universal Checkpoint in --ckpt-dir (its latest_universal, written by "
+                                 "python -m deepspeed.checkpoint.ds_to_universal): on any number of ranks")
 args = parser.parse_args()
 if args.offload_optimizer and args.zero_stage == 0:  # DeepSpeed would run on and leave the optimizer on the GPU
     parser.exit(2, "error: --offload-optimizer moves ZeRO's optimizer shards to the CPU, and stage 0 has none: "
@@ -64,6 +68,7 @@ info, device, precision = start_rank(cfg, Path(__file__).name, LEFT_OUT, args.ac
 os.environ.update(deepspeed_env(use_gpu=device.type == "cuda"))
 os.environ.update(deepspeed_device_env(device, os.environ))  # DeepSpeed sets the device from LOCAL_RANK itself
 import deepspeed  # noqa: E402  (after deepspeed_env: DeepSpeed picks its accelerator on import)
+from deepspeed.runtime.zero.utils import ZeRORuntimeException  # noqa: E402
 
 deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")  # one process: a group of one
 
@@ -88,6 +93,8 @@ if args.activation_checkpointing:
 psi = count_parameters(model)
 config = ds_config(cfg, world, args.zero_stage, precision, args.offload_optimizer, args.gradient_clipping,
                    use_gpu=device.type == "cuda")
+if args.universal:  # each parameter's fp32 weights and moments whole on disk: re-sharded for this run's ranks
+    config["checkpoint"] = {"load_universal": True}
 engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(model, cfg, config_lr(cfg, world)),
                                                config=config)
 dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)  # the engine's weights
@@ -97,11 +104,22 @@ val_loader = make_loader(val_ds, 2 * cfg.batch_size, shuffle=False, workers=cfg.
 
 losses, first_epoch, resumed_from = [], 0, None
 ckpt = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
-if ckpt and cfg.resume and (ckpt / "latest").exists():
+latest = ckpt / ("latest_universal" if args.universal else "latest") if ckpt else None
+if args.universal and not (ckpt and latest.exists()):
+    sys.exit(f"error: --universal resumes from a Universal Checkpoint and {latest or 'no --ckpt-dir'} is not there: "
+             f"convert a ZeRO checkpoint first (python -m deepspeed.checkpoint.ds_to_universal --input_folder "
+             f"CKPT/<tag> --output_folder CKPT/universal-<tag>)")
+if ckpt and cfg.resume and latest.exists():
     try:
         loaded, client = engine.load_checkpoint(str(ckpt))  # every rank reads its own shard
         if loaded is None:  # DeepSpeed only warns when the files 'latest' names are not there
-            raise FileNotFoundError(f"'latest' names {(ckpt / 'latest').read_text().strip()!r}, which is not there")
+            raise FileNotFoundError(f"'{latest.name}' names {latest.read_text().strip()!r}, which is not there")
+    except ZeRORuntimeException as exc:  # DeepSpeed's check of the number of ranks that wrote the shards
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        tag = latest.read_text().strip()
+        sys.exit(f"error: {ckpt} holds a ZeRO checkpoint of another number of ranks ({reason}): convert it with "
+                 f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {ckpt / tag} --output_folder "
+                 f"{ckpt / ('universal-' + tag)}, then resume with --universal")
     except (AssertionError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError,
             zipfile.BadZipFile) as exc:  # DeepSpeed's own checks are asserts
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
@@ -113,7 +131,7 @@ if ckpt and cfg.resume and (ckpt / "latest").exists():
     first_epoch, losses = client.get("epoch", 0), client.get("losses", [])
     if "rng" in client:  # augmentation draws from it: the next epoch sees the same images
         set_rng_state(client["rng"])
-    resumed_from = {"path": str(ckpt / (ckpt / "latest").read_text().strip()), "epoch": first_epoch,
+    resumed_from = {"path": str(ckpt / latest.read_text().strip()), "epoch": first_epoch, "universal": args.universal,
                     "step": engine.global_steps, "weights": full_weights_digest(engine, args.zero_stage)}
     if rank == 0:  # the engine restored its step count with the state
         print(f"resumed from {ckpt} after epoch {first_epoch} (step {engine.global_steps})", flush=True)
