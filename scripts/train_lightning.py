@@ -41,6 +41,7 @@ from course_utils.lit import (
     latest_checkpoint,
     make_trainer,
     plan_launch,
+    precision_refused,
     quiet_lightning,
     strategy_refused,
 )
@@ -56,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_args(p)
     p.add_argument("--strategy", choices=STRATEGIES, default="ddp",
                    help="ddp: a whole model per rank; fsdp: parameters, gradients and optimizer state sharded "
-                        "(ZeRO-3's layout); deepspeed_stage_2: DeepSpeed's ZeRO-2 (CUDA GPUs only). Default: ddp")
+                        "(ZeRO-3's layout, FSDP1; CUDA GPUs only); fsdp2: the same with FSDP2's fully_shard "
+                        "(ModelParallelStrategy; CPUs too); deepspeed_stage_2: DeepSpeed's ZeRO-2 (CUDA GPUs only). "
+                        "Default: ddp")
     return p
 
 
@@ -67,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(cfg, progress=cfg.progress and sys.stdout.isatty())  # no bars in batch logs
         unsupported(cfg, "train_lightning.py", {"channels_last", "compile"})
         plan = plan_launch(cfg.device, args.devices, args.num_nodes)
-        refused = strategy_refused(args.strategy, plan)
+        refused = (strategy_refused(args.strategy, plan)
+                   or precision_refused(args.strategy, resolve_precision(cfg.precision, plan.device)))
         if refused:
             raise ValueError(refused)
         for folder, what in ((cfg.ckpt_dir, "checkpoint folder"), (cfg.log_dir, "log folder")):

@@ -17,10 +17,11 @@ import torch
 
 from course_utils.launch import run_command, run_script, start_script
 from course_utils.lit import (LaunchMismatch, full_weights, latest_checkpoint, plan_launch, precision_args,
-                              sharded_placement, strategy_refused)
+                              precision_refused, sharded_placement, strategy_refused)
 from course_utils.precision import precision_for
+import lightning as L
 from lightning.pytorch.plugins.precision import FSDPPrecision
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from course_utils.paths import SCRIPTS
 
 TINY = ["--model", "cnn", "--epochs", "2", "--n-train", "1024", "--n-val", "256", "--batch-size", "32",
@@ -105,19 +106,34 @@ def test_the_loop_by_hand_never_puts_two_ranks_on_one_gpu():
 GPU_2 = {"LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp2", "deepspeed_stage_2"])
 def test_a_sharded_strategy_gets_the_rank_s_gpu_and_is_refused_in_one_line_without_one(strategy):
     """On GPUs the strategy is handed the devices of the course's policy (local rank 1 on cuda:1); on a
-    CPU, where Lightning 2.6 refuses both, one line names the course script that shards there."""
+    CPU, where Lightning 2.6 refuses FSDP1 and DeepSpeed, one line names what shards there; FSDP2
+    (ModelParallelStrategy, one data-parallel dimension over every rank) is not refused (notebook 06 runs it)."""
     gpu = plan_launch("auto", None, None, gpus_visible=2, env=GPU_2)
     assert strategy_refused(strategy, gpu) is None
     made = sharded_placement(strategy, gpu, timedelta(seconds=60))["strategy"]
     assert made.parallel_devices[gpu.local_rank] == gpu.device == torch.device("cuda:1")  # its root_device
-    assert isinstance(made, FSDPStrategy if strategy == "fsdp" else DeepSpeedStrategy)
+    kind = {"fsdp": FSDPStrategy, "fsdp2": ModelParallelStrategy, "deepspeed_stage_2": DeepSpeedStrategy}[strategy]
+    assert isinstance(made, kind)
     cpu = plan_launch("auto", None, None, gpus_visible=0, env=GPU_2)
     refusal = strategy_refused(strategy, cpu)
-    assert "CUDA GPUs only" in refusal and ("train_fsdp.py" if strategy == "fsdp" else "train_deepspeed.py") in refusal
-    assert "choose one of ddp, fsdp" in strategy_refused("fsdp2", gpu)
+    if strategy == "fsdp2":
+        assert refusal is None and (made._data_parallel_size, made._tensor_parallel_size) == (2, 1)
+    else:
+        assert "CUDA GPUs only" in refusal and ("fsdp2" if strategy == "fsdp" else "train_deepspeed.py") in refusal
+    assert "choose one of ddp, fsdp, fsdp2" in strategy_refused("fsdp3", gpu)
+
+
+def test_fsdp2_refuses_fp16_in_one_line_and_takes_fp32_and_bf16():
+    """Lightning's ModelParallelStrategy refuses "16-mixed" (read in its accelerator connector): train_lightning.py
+    says so before anything is built; Frontera's RTX 5000 resolves amp to fp16 there, FT3's A100 to bf16."""
+    assert "--precision fp32" in precision_refused("fsdp2", "fp16")
+    assert precision_refused("fsdp2", "bf16") is None and precision_refused("fsdp2", "fp32") is None
+    assert precision_refused("ddp", "fp16") is None and precision_refused("deepspeed_stage_2", "fp16") is None
+    with pytest.raises(ValueError, match="ModelParallelStrategy"):  # Lightning's own refusal, later and longer
+        L.Trainer(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(), precision="16-mixed", logger=False)
 
 
 TURING, AMPERE = (7, 5), (8, 0)  # Frontera's RTX 5000, FT3's A100

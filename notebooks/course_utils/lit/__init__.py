@@ -21,6 +21,7 @@ from .launch import (
     placement_args,
     plan_launch,
     precision_args,
+    precision_refused,
     sharded_placement,
     strategy_refused,
 )

@@ -12,15 +12,16 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 
 from ..devices import PlacementError, gpus_bound, node_device
 
 
 # the course's precision names -> Lightning's and Fabric's
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
-# train_lightning.py --strategy: the same LightningModule replicated (DDP) or sharded (notebook 07's ideas)
-STRATEGIES = ("ddp", "fsdp", "deepspeed_stage_2")
+# train_lightning.py --strategy: the same LightningModule replicated (DDP) or sharded (notebook 07's ideas):
+# FSDP1, FSDP2 (Lightning's ModelParallelStrategy, CourseModule.configure_model) or DeepSpeed's ZeRO-2
+STRATEGIES = ("ddp", "fsdp", "fsdp2", "deepspeed_stage_2")
 
 
 class LaunchMismatch(ValueError):
@@ -146,15 +147,16 @@ def add_launch_args(parser: argparse.ArgumentParser) -> None:
 def strategy_refused(strategy: str, plan: LaunchPlan) -> str | None:
     """Why ``strategy`` cannot run with ``plan`` (one line that says what to do instead), or None.
 
-    Lightning 2.6 runs both sharded strategies on CUDA GPUs only: the Trainer refuses ``fsdp`` with
-    another accelerator, and ``DeepSpeedStrategy.setup_environment`` refuses it once ``fit`` starts,
-    after the data and model are built. The course's own scripts shard on CPUs too (notebook 07)."""
+    Lightning 2.6 runs ``fsdp`` (FSDP1) and ``deepspeed_stage_2`` on CUDA GPUs only: the Trainer refuses
+    ``fsdp`` with another accelerator, and ``DeepSpeedStrategy.setup_environment`` refuses it once ``fit``
+    starts, after the data and model are built. ``fsdp2`` (``ModelParallelStrategy``) runs on CPUs with gloo
+    too, as the course's own sharded scripts do (notebook 07)."""
     if strategy not in STRATEGIES:
         return f"--strategy {strategy}: choose one of {', '.join(STRATEGIES)}"
-    if strategy != "ddp" and plan.accelerator != "gpu":
-        instead = "train_fsdp.py (FSDP2)" if strategy == "fsdp" else "train_deepspeed.py"
+    if strategy in ("fsdp", "deepspeed_stage_2") and plan.accelerator != "gpu":
+        instead = "--strategy fsdp2 (FSDP2)" if strategy == "fsdp" else "scripts/train_deepspeed.py"
         return (f"--strategy {strategy}: Lightning runs it on CUDA GPUs only, and this run is on {plan.device}; "
-                f"scripts/{instead} shards the same model on CPUs too (notebook 07)")
+                f"{instead} shards the same model on CPUs too (notebook 07)")
     indices = [torch.device(d).index for d in plan.parallel_devices]
     if strategy.startswith("deepspeed") and indices != list(range(len(indices))):
         # DeepSpeedStrategy.setup_distributed refuses it in fit(), after the data and the model are built
@@ -162,6 +164,17 @@ def strategy_refused(strategy: str, plan: LaunchPlan) -> str | None:
                 f"sees, and this node's ranks are on {', '.join(plan.parallel_devices)} (Slurm binds a GPU to each "
                 "task, or --device names one): submit without GPU binding (no --gpus-per-task, no COURSE_GPU_BIND), "
                 "or use --strategy ddp or fsdp")
+    return None
+
+
+def precision_refused(strategy: str, precision: str) -> str | None:
+    """Why ``strategy`` cannot train in the resolved ``precision`` (one line), or None. Lightning 2.6's
+    ``ModelParallelStrategy`` (``fsdp2``) takes fp32 and bf16 but no fp16 AMP, which needs a gradient scaler
+    (``amp`` resolves to fp16 on GPUs without bf16: Frontera's RTX 5000)."""
+    if strategy == "fsdp2" and precision == "fp16":
+        return ("--strategy fsdp2 trains in fp32 or bf16 (Lightning's ModelParallelStrategy has no fp16 AMP) and "
+                "this run resolved to fp16: use --precision fp32 on a GPU without bf16, or --strategy ddp or "
+                "deepspeed_stage_2, whose fp16 has loss scaling")
     return None
 
 
@@ -189,11 +202,15 @@ def precision_args(strategy: str, precision: str) -> tuple[str, dict[str, Any]]:
 
 
 def sharded_placement(strategy: str, plan: LaunchPlan, timeout: timedelta, **strategy_kwargs: Any) -> dict[str, Any]:
-    """``placement_args`` for FSDP or DeepSpeed ZeRO-2: the strategy gets the plan's devices, also for one process
-    (and ``strategy_kwargs``: :func:`precision_args`'s)."""
+    """``placement_args`` for FSDP1, FSDP2 or DeepSpeed ZeRO-2: the strategy gets the plan's devices, also for one
+    process (and ``strategy_kwargs``: :func:`precision_args`'s)."""
     devices = [torch.device(d) for d in plan.parallel_devices] or [plan.device]
     if strategy == "fsdp":  # FULL_SHARD: ZeRO-3's layout
         made = FSDPStrategy(parallel_devices=devices, timeout=timeout, **strategy_kwargs)
+    elif strategy == "fsdp2":  # every rank one data-parallel shard: a mesh of one dimension, no tensor parallelism
+        made = ModelParallelStrategy(data_parallel_size=plan.num_nodes * len(devices), tensor_parallel_size=1,
+                                     timeout=timeout, **strategy_kwargs)
+        made.parallel_devices = devices  # (it takes no devices argument; the Trainer reads them from here)
     else:
         made = DeepSpeedStrategy(stage=2, parallel_devices=devices, timeout=timeout, **strategy_kwargs)
     return {"accelerator": plan.accelerator, "devices": "auto", "num_nodes": plan.num_nodes, "strategy": made}

@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import Dataset
 
 from ..checkpoint import CheckpointError
@@ -33,6 +34,19 @@ class CourseModule(L.LightningModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
+
+    def configure_model(self) -> None:
+        """Under ``ModelParallelStrategy`` (``--strategy fsdp2``) only, which gives the module its device mesh:
+        FSDP2's ``fully_shard``, each block of the model and then the whole, as ``train_fsdp.py`` does. Every
+        other strategy wraps the model itself, and Lightning calls this hook for all of them."""
+        if self.device_mesh is None or isinstance(self.model, FSDPModule):  # not FSDP2, or sharded already
+            return
+        mesh = self.device_mesh["data_parallel"]
+        for unit in self.model.children():
+            for block in unit if isinstance(unit, nn.ModuleList) else [unit]:
+                if any(True for _ in block.parameters()):
+                    fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from .env import DistEnv
 from .group import get_world_size, is_initialized, is_main_process
@@ -61,7 +62,9 @@ def ranks_agree(model: torch.nn.Module) -> bool:
     """
     if not is_initialized():
         return True
-    flat = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    # a sharded parameter (FSDP2's DTensor) is gathered whole first: a collective too, on every rank
+    whole = (p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters())
+    flat = torch.cat([p.detach().reshape(-1).double() for p in whole])
     # on the parameters' device: with NCCL, every tensor in a collective lives on the rank's GPU
     digest = torch.stack([flat.sum(), (flat * flat).sum(), flat.abs().max()])
     lo, hi = digest.clone(), digest.clone()
