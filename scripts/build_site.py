@@ -48,7 +48,7 @@ html_theme = "furo"
 html_title = project
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3
-suppress_warnings = ["myst.header"]  # a reference that leads nowhere is reported (myst.xref_missing)
+suppress_warnings = ["myst.header"]  # a reference that leads nowhere stops the build (myst.xref_missing)
 '''
 
 
@@ -167,8 +167,9 @@ def build(executed_dir: Path, out: Path) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"error: sphinx-build failed:\n{done.stderr[-3000:]}")
     warnings = [line for line in done.stderr.splitlines() if "WARNING" in line]
-    if warnings:
-        print(f"{len(warnings)} Sphinx warning(s); the first: {warnings[:5]}")
+    if warnings:  # a reference that leads nowhere, a figure that is not there: a site that ships broken
+        raise SystemExit(f"error: {len(warnings)} Sphinx warning(s), mend them (the pages are in {html}); "
+                         f"the first: " + "\n  ".join(warnings[:5]))
     return html / "index.html"
 
 

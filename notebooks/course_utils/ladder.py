@@ -194,8 +194,9 @@ def profile_steps(
 ) -> tuple[Path, str]:
     """Record ``active`` training steps with ``torch.profiler``.
 
-    The trace (``*.pt.trace.json``) opens in Perfetto (ui.perfetto.dev) or
-    TensorBoard's profiler plugin. Returns its path and the top operators.
+    The trace (``*.pt.trace.json``) opens in Perfetto (ui.perfetto.dev) or Chrome's
+    chrome://tracing (TensorBoard's profiler plugin is deprecated: pytorch/kineto#1248).
+    Returns its path and the top operators.
     """
     from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
