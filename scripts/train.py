@@ -33,6 +33,7 @@ from course_utils.hardware import peak_memory_mib
 from course_utils.models import count_parameters
 from course_utils.results import emit_result
 from course_utils.trainer import build_trainer, history_table
+from course_utils.traces import recording
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +77,9 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     # shell): checkpoint at the next step and stop, so the requeued job loses seconds.
     trainer.stop.install(signal.SIGUSR1)
     start = time.perf_counter()
-    history = trainer.fit()
+    with recording(cfg.trace_dir, device, info.rank, skip=cfg.untimed_steps) as profiler:
+        trainer.step_callback = profiler.step if profiler else None  # the profiler's schedule counts steps
+        history = trainer.fit()
     agree = cdist.ranks_agree(trainer.raw_model)
     cdist.print0(history_table(history))
     cdist.print0(f"all {info.world_size} ranks hold identical parameters: {agree}")

@@ -32,7 +32,7 @@ from course_utils.rng import rng_state, set_rng_state
 from course_utils.timing import Throughput
 from course_utils.trainer import config_lr, evaluate, make_optimizer
 
-LEFT_OUT = {"warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
+LEFT_OUT = {"trace_dir", "warmup_epochs", "tf32", "cudnn_benchmark", "channels_last", "compile",
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 parser = argparse.ArgumentParser(description=__doc__)
 add_config_args(parser)

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = in_run_dir(config_from_args(args))  # in a course Slurm job: its folder (RUN_DIR) by default
         cfg = dataclasses.replace(cfg, progress=cfg.progress and sys.stdout.isatty())  # no bars in batch logs
-        unsupported(cfg, "train_lightning.py", {"channels_last", "compile"})
+        unsupported(cfg, "train_lightning.py", {"channels_last", "compile", "trace_dir"})
         plan = plan_launch(cfg.device, args.devices, args.num_nodes)
         refused = (strategy_refused(args.strategy, plan)
                    or precision_refused(args.strategy, resolve_precision(cfg.precision, plan.device)))

@@ -63,7 +63,7 @@ from course_utils.trainer import build_optimizer
 
 
 # what --train does not implement: it says so rather than train without it
-LEFT_OUT = {"grad_accum", "warmup_epochs", "precision", "tf32", "cudnn_benchmark", "channels_last", "compile",
+LEFT_OUT = {"trace_dir", "grad_accum", "warmup_epochs", "precision", "tf32", "cudnn_benchmark", "channels_last", "compile",
             "bucket_cap_mb", "grad_as_bucket_view", "ckpt_every_steps", "log_dir"}
 
 

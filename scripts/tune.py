@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from course_utils import tuning
-from course_utils.config import add_config_args, config_from_args, job_run_dir
+from course_utils.config import add_config_args, config_from_args, job_run_dir, unsupported
 from course_utils.results import emit_result
 
 
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         base = config_from_args(args)
+        unsupported(base, "tune.py", {"trace_dir"})  # a trial's Trainer records no trace: train.py does
         if args.num_samples < 1 or args.workers_per_trial < 1:
             raise ValueError("--num-samples and --workers-per-trial must be at least 1")
         warning = tuning.gpu_share_warning(args.workers_per_trial, args.gpus_per_trial) or \

@@ -103,7 +103,7 @@ def test_one_process_without_a_launcher_and_one_line_errors(tmp_path):
     refusals = [  # (script, flags, what its one line says, whether that line is an "error: " line)
         ("train_deepspeed.py", [*tiny, "--epochs", "2", "--batch-size", "32"], "batch_size 16 -> 32", False),
         ("train_deepspeed.py", ["--model", "cnn", "--activation-checkpointing"], "--model mlp", True),
-        ("train_fsdp.py", ["--log-dir", "tb"], "does not implement --log-dir", True),
+        ("train_fsdp.py", ["--log-dir", "tb", "--trace-dir", "tr"], "does not implement --log-dir, --trace-dir", True),
         ("train_deepspeed.py", ["--zero-stage", "0", "--offload-optimizer"], "stage 0 has none", True),
         ("train_deepspeed.py", [*tiny[:-2], "--ckpt-dir", str(not_zero)], "holds no ZeRO checkpoint this run can read",
          True)]

@@ -19,6 +19,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     ladder          the single-device speed-up ladder (notebook 01, benchmark script)
     collectives     collectives by hand (a ring all-reduce) and their bus bandwidth (notebook 02)
     scaling         the same train.py under torchrun on 1, 2, ... ranks; efficiency tables (notebook 03)
+    traces          each rank's profiled steps read from its trace: compute, communication, overlap, idle (03)
     launch          run scripts/ (alone or under torchrun) from a notebook
     slurm           submit Slurm jobs (the test cluster, or yours when asked), wait for them, read them (04-06)
     lit             the course's model and data as Lightning pieces; launch checks; stop on a signal (06)

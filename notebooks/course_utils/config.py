@@ -104,6 +104,8 @@ class TrainConfig:
                                         "then loses at most N steps)", minimum=1)
     resume: bool = knob(True, "output", "continue from the checkpoint in --ckpt-dir when there is one")
     log_dir: str | None = knob(None, "output", "TensorBoard event files (rank 0)")
+    trace_dir: str | None = knob(None, "output", "record 3 steps with torch.profiler after the untimed ones: a "
+                                 "Chrome trace per rank here (rank<r>.json: Perfetto, HTA; course_utils.traces)")
     progress: bool = knob(True, "output", "a progress bar per epoch (on a terminal; batch logs never get one)")
     log_every: int = knob(10, "output", "log the loss every N steps", minimum=1)
     untimed_steps: int = knob(2, "output", "first steps of an epoch left out of images/s (cuDNN autotuning, "

@@ -230,3 +230,19 @@ def flight_record_chart(records: dict[int, list[dict]], title: str):
     ax.set_title(title)
     fig.tight_layout()
     _show()
+
+
+def trace_timeline_chart(timeline: dict[int, dict[str, list[tuple[float, float]]]], title: str):
+    """One profiled step of every rank (``traces.step_timeline``): a row of compute and, under it, a row of
+    communication; where the two rows overlap in time, the communication was hidden, and a gap in both is idle."""
+    rows = [(rank, kind) for rank in timeline for kind in ("compute", "communication")]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.3))
+    for y, (rank, kind) in enumerate(rows):
+        spans = [(s, e - s) for s, e in timeline[rank][kind]]
+        ax.broken_barh(spans, (y - 0.35, 0.7), color=PALETTE[0] if kind == "compute" else PALETTE[1])
+    ax.set_yticks(range(len(rows)), [f"rank {r} {k}" for r, k in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds from the step's start")
+    ax.set_title(title)
+    fig.tight_layout()
+    _show()
