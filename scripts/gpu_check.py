@@ -28,7 +28,8 @@ the matmul measurement, after every notebook has run.
 
 The report: per notebook pass/fail, cells passed, wall time, hardware and date; the ladder in
 images/s (the fp32 textbook loop and each optimisation, side by side in one run); measured matmul
-TFLOP/s per format; the best rung's training FLOP/s as a share of the bf16 matmul rate. Written to
+TFLOP/s per format; the best rung's training FLOP/s as a share of the bf16 matmul rate; notebook 03's
+per-rank traces on the GPU(s), read by course_utils.traces and by Holistic Trace Analysis. Written to
 --out (report.md, report.json, one log per notebook).
 """
 
@@ -64,6 +65,7 @@ PRIORITY = ("06", "07", "01", "02", "03", "04", "08", "11")
 MIN_START_S = 120  # a notebook never timed on this hardware starts only with this much of the budget left
 REPORT_S = 30  # kept back at the end of the budget for the report
 LADDER_GUESS_S = {"cuda": 360, "cpu": 120}  # the ladder's time before it has been measured on this hardware
+TRACES_S = 90  # the per-rank traces: a short training run and its reading
 _now = time.monotonic  # the budget's clock (tests drive their own)
 
 
@@ -369,6 +371,38 @@ def run_ladder(model: str, args: list[str], out: Path, timeout_s: float, profile
     return json.loads(target.read_text())
 
 
+def run_traces(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: str) -> dict[str, Any]:
+    """Notebook 03's per-rank traces where its DDP cannot run on GPUs (one GPU): train.py records three steps on
+    every rank (two ranks on two GPUs or more, else one) and scripts/trace_analysis.py reads them twice, with
+    course_utils.traces and with Holistic Trace Analysis. Its RESULT, with the rows; or why it failed."""
+    import shutil
+
+    from course_utils.launch import run_script
+    from course_utils.results import parse_result, results_in
+
+    folder = out / "traces"
+    shutil.rmtree(folder, ignore_errors=True)
+    ranks = 2 if gpus >= 2 else 1
+    model, batch = ("cnn", 32) if cpu else ("resnet18", 128)
+    args = ["--model", model, "--epochs", 1, "--steps-per-epoch", 8, "--n-train", 8 * batch * ranks, "--n-val", 64,
+            "--batch-size", batch, "--device", "cpu" if cpu else "cuda", "--workers", 2, "--no-progress",
+            "--trace-dir", folder]
+    env = {"COURSE_PROFILE": profile}
+    begin = _now()
+    train = run_script("train.py", args, nproc=ranks if ranks > 1 else None, timeout_s=timeout_s, env=env,
+                       check=False, echo=False)
+    if train.returncode != 0 or not results_in(train.output):
+        return {"error": f"train.py: exit code {train.returncode}: {train.output.strip()[-400:]}"}
+    read = run_script("trace_analysis.py", [folder], timeout_s=max(60.0, timeout_s - (_now() - begin)), env=env,
+                      check=False, echo=False)
+    (out / "logs").mkdir(exist_ok=True)
+    (out / "logs" / "traces.log").write_text(train.output + read.output)  # the lease brings logs/ back
+    if read.returncode != 0 or not results_in(read.output):
+        return {"error": f"trace_analysis.py: exit code {read.returncode}: {read.output.strip()[-400:]}"}
+    table = read.output[read.output.index("course_utils.traces"):read.output.rindex("RESULT")].rstrip()
+    return {**parse_result(read.output), "ranks": ranks, "model": model, "table": table}
+
+
 def training_share(ladder: dict[str, Any], matmul: list[dict[str, Any]], flops_per_image: float) -> dict[str, Any]:
     """The best rung's training FLOP/s against the fastest matmul format measured (bf16 on a GPU)."""
     kept = [r for r in ladder.get("rungs", []) if r["status"] == "kept"]
@@ -423,6 +457,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Matmul throughput" + (f" ({ladder['hardware']})" if ladder.get("hardware") else ""), "",
               "| format | TFLOP/s | vs fp32 |", "|---|---:|---:|"]
     lines += [f"| {r['format']} | {r['tflops']:.1f} | {r['vs_fp32']:.1f}x |" for r in report["matmul"]]
+    traces = report.get("traces") or {"not_run": "not yet"}
+    lines += ["", "## Per-rank traces (notebook 03's section 8)", ""]
+    if "not_run" in traces or "error" in traces:
+        lines.append(f"not measured: {traces.get('not_run') or traces['error']}")
+    else:
+        lines += [f"{traces['hardware']}, {traces['date']}: {traces['model']} on {traces['ranks']} rank(s)", "",
+                  "```", traces["table"], "```"]
     share = report["training_share"]
     if share:
         lines += ["", f"The best rung ({share['rung']}) trains at {share['train_tflops']:.2f} TFLOP/s: "
@@ -545,7 +586,7 @@ def _commit() -> str | None:
 
 def make_record(started: str, machine: dict[str, Any], profile: str, results: list[dict[str, Any]],
                 ladder: dict[str, Any], matmul: list[dict[str, Any]], share: dict[str, Any], argv: list[str] | None,
-                cpu: bool) -> dict:
+                cpu: bool, traces: dict[str, Any] | None = None) -> dict:
     """This run's record for records/gpu (scripts/gpu_records.py): the machine, the commit, each notebook it ran."""
     env = machine["env"]
     measured = "rungs" in ladder and ladder.get("date") == started
@@ -557,6 +598,7 @@ def make_record(started: str, machine: dict[str, Any], profile: str, results: li
             "notebooks": [{**{k: r.get(k) for k in keep}, "result": _result(r)} for r in results],
             "ladder": ladder if measured else None, "matmul": matmul if measured else [],
             "training_share": share if measured else {},
+            "traces": traces if traces and traces.get("date") == started else None,
             **({"matmul_size": "512 x 512, 3 repeats" if cpu else "8192 x 8192, 20 repeats"} if measured else {})}
 
 
@@ -623,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     # the latest ladder and matmul table stay in the report, labelled, until this hardware measures its own
     ladder = previous.get("ladder") or {"not_run": "the notebooks come first"}
     matmul, share = previous.get("matmul", []), previous.get("training_share", {})
+    traces = previous.get("traces") if (previous.get("traces") or {}).get("hardware") == hardware else None
     if not (ladder.get("hardware") == hardware and ladder.get("profile") == profile and "rungs" in ladder):
         measured = [r for r in mine_on_record if "rungs" in (r.get("ladder") or {})]
         if measured:  # this GPU model's ladder on record: not measured again unless asked
@@ -637,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {"hardware": hardware, "started": started, "profile": profile, "torch": machine["env"]["torch"],
                   "environment": machine["env"], "notebooks": [latest[n] for n in sorted(latest)],
                   "ladder_model": ladder.get("model", model), "ladder": ladder, "matmul": matmul,
-                  "training_share": share, "seconds": seconds, "runs": runs}
+                  "training_share": share, "traces": traces, "seconds": seconds, "runs": runs}
         (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         (args.out / "report.md").write_text(markdown(report))
         return report
@@ -690,9 +733,19 @@ def main(argv: list[str] | None = None) -> int:
             if "rungs" not in ladder:
                 ladder = {"not_run": why}
 
+    traced = traces is not None and "error" not in traces
+    if ladder_here() and (not traced or args.rerun):  # after the notebooks and the ladder, as the budget allows
+        if left_s() < TRACES_S:
+            print(f"  per-rank traces not recorded: {left_s():.0f} s of the budget left; the next run records them",
+                  flush=True)
+        else:
+            print("  per-rank traces (train.py --trace-dir, read by course_utils.traces and HTA) ...", flush=True)
+            traces = {**run_traces(args.out, len(machine["env"].get("gpus") or []), args.cpu,
+                                   min(300, left_s()), profile), **stamp}
     print(f"\n{markdown(save())}\nwritten: {args.out / 'report.md'} and report.json", flush=True)
-    if ran or "rungs" in ladder and ladder.get("date") == started:
-        record = make_record(started, machine, profile, [latest[n] for n in ran], ladder, matmul, share, argv, args.cpu)
+    if ran or "rungs" in ladder and ladder.get("date") == started or (traces or {}).get("date") == started:
+        record = make_record(started, machine, profile, [latest[n] for n in ran], ladder, matmul, share, argv, args.cpu,
+                             traces)
         path = args.out / gpu_records.record_name(started, hardware)
         path.write_text(json.dumps(record, indent=2, default=str) + "\n")
         print(f"this run's record: {path}; commit it: cp {path} {args.records}/ and "

@@ -18,7 +18,6 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.launch import run_script
 from course_utils.paths import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
@@ -69,6 +68,10 @@ def test_the_lease_command_in_its_cpu_mode_brings_back_the_whole_report_and_a_re
     assert abs(share["share"] - share["train_tflops"] / fastest["tflops"]) < 1e-9
     text = (tmp_path / "report.md").read_text()
     assert "| 00_environment.ipynb | pass |" in text and "## Single-device ladder (cnn)" in text
+    # notebook 03's per-rank traces, recorded and read as on a GPU machine: here CPU traces, which HTA is not asked
+    traces = report["traces"]
+    assert traces["ranks"] == 1 and traces["hta_overlap_pct"] is None and "(CPU threads)" in traces["table"], traces
+    assert record["traces"] == traces and traces["table"] in text
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
