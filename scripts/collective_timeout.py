@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
+from course_utils.errors import first_line
 
 
 def main() -> int:
@@ -50,9 +51,8 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # NCCL is asynchronous: the wait happens here
     except Exception as exc:  # gloo: the timeout surfaces as an exception
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"rank {rank}: the all_reduce failed after {time.perf_counter() - start:.1f} s: "
-              f"{type(exc).__name__}: {first}", flush=True)
+              f"{first_line(exc, with_type=True)}", flush=True)
         return 1
     print(f"rank {rank}: the all_reduce returned, which it must not: rank {last} never joined", flush=True)
     return 2

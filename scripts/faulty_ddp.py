@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
+from course_utils.errors import first_line
 from course_utils.results import emit_result
 
 
@@ -152,8 +153,7 @@ def main() -> int:
             if step == args.save_step:
                 writer = save_on_rank_0(model, args.dump_dir / "checkpoint.pt", args.save_s, args.save_mode, rank)
     except Exception as exc:  # gloo raises the timeout or the mismatch here; NCCL's watchdog ends the process
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        dump_flight_record(args.dump_dir, rank, f"step {step} failed: {type(exc).__name__}: {first[:300]}")
+        dump_flight_record(args.dump_dir, rank, f"step {step} failed: {first_line(exc, with_type=True)}")
         return 1
 
     times = [None] * world

@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from course_utils.devices import add_device_flag
+from course_utils.errors import first_line
 from course_utils.models import MODELS, build_model, count_parameters
 from course_utils.process_group import choose_device
 from course_utils.results import emit_result
@@ -64,7 +65,7 @@ def step_peaks(model_name: str, batch: int, steps: int, device: torch.device) ->
                 opt.step()
                 opt.zero_grad()  # gradients freed (set to None) before the next forward
         except torch.OutOfMemoryError as exc:
-            oom = {"step": step, "message": str(exc).strip().splitlines()[0]}
+            oom = {"step": step, "message": first_line(exc)}
             break
         at_peak = next(v for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device.type)
         peak = {PARTS[str(k.value)]: v for k, v in at_peak.items() if k != "Total"}

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
+from course_utils.errors import first_line
 from course_utils.results import emit_result
 from course_utils.tensor_parallel import CollectiveBytes, SwiGLU
 
@@ -62,8 +63,7 @@ def try_plan(plan: dict[str, Any], mesh, hidden: int, x: torch.Tensor) -> dict[s
         with backward:
             out.square().mean().backward()
     except Exception as exc:  # the plan's failure is the result: every rank fails alike (same shapes, same plan)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return {"error": f"{type(exc).__name__}: {first}"}
+        return {"error": first_line(exc, with_type=True)}
     held = sum(local(p).numel() for p in split.parameters())
     return {"error": None,
             "output_gap": (out.detach() - out_dense.detach()).abs().max().item(),

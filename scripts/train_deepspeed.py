@@ -27,6 +27,7 @@ import torch
 from course_utils.checkpoint import weights_digest
 from course_utils.config import add_config_args, config_from_args, in_run_dir, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
+from course_utils.errors import first_line
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.process_group import ranks_agree, ranks_per_host
@@ -115,14 +116,14 @@ if ckpt and cfg.resume and latest.exists():
         if loaded is None:  # DeepSpeed only warns when the files 'latest' names are not there
             raise FileNotFoundError(f"'{latest.name}' names {latest.read_text().strip()!r}, which is not there")
     except ZeRORuntimeException as exc:  # DeepSpeed's check of the number of ranks that wrote the shards
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        reason = first_line(exc, limit=200)
         tag = latest.read_text().strip()
         sys.exit(f"error: {ckpt} holds a ZeRO checkpoint of another number of ranks ({reason}): convert it with "
                  f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {ckpt / tag} --output_folder "
                  f"{ckpt / ('universal-' + tag)}, then resume with --universal")
     except (AssertionError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError,
             zipfile.BadZipFile) as exc:  # DeepSpeed's own checks are asserts
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        reason = first_line(exc, limit=200)
         sys.exit(f"error: {ckpt} holds no ZeRO checkpoint this run can read ({reason}): give --ckpt-dir a folder "
                  f"written by train_deepspeed.py (same --zero-stage, same number of ranks), or a new folder")
     mismatch = resume_mismatch(client.get("config", {}), cfg)

@@ -30,6 +30,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     results         the RESULT line a script ends with, and reading it back
     events          TensorBoard event files read back, for figures and tests
     waiting         wait_until(): one way to wait with a deadline
+    errors          first_line(): an error in one line, for messages that then say what to do
     exercises       the notebooks' exercises and their checkers, by notebook group; solutions: the reference answers
     paths           REPO_ROOT, the scripts folder, a child process's environment
     storage         one large file vs many small files, per storage folder

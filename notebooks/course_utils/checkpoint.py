@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .errors import first_line
+
 
 def ensure_writable_dir(path: str | Path, what: str = "folder") -> Path:
     """Create ``path`` and prove it is writable now, before hours of training
@@ -103,7 +105,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         return torch.load(path, map_location=map_location, weights_only=False)
     except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         prev = previous_path(path)
         fix = f"delete it to resume from {prev.name}" if prev.exists() else "delete it to start afresh"
         raise CheckpointError(f"the checkpoint {path} is unreadable (truncated or corrupt: {first}); {fix}, "

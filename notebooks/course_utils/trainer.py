@@ -26,6 +26,7 @@ from . import process_group as cdist
 from .checkpoint import CheckpointError, ensure_writable_dir, load_latest, save_checkpoint
 from .config import TrainConfig, resume_mismatch
 from .data import get_datasets, make_loader, set_epoch
+from .errors import first_line
 from .models import build_model
 from .precision import autocast, resolve_precision, set_math_switches
 from .preemption import StopRequest
@@ -439,7 +440,7 @@ class Trainer:
             self.raw_model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             raise CheckpointError(f"{where} holds another model or optimiser than this run builds ({first}); "
                                   "point --ckpt-dir at a new folder to start afresh") from exc
         self.scaler.load_state_dict(state["scaler"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..errors import first_line
 from .core import WrongAnswer, passed
 
 
@@ -65,7 +66,7 @@ def deepspeed_reads(config: Mapping[str, Any]) -> tuple[int, bool]:
     try:
         parsed = DeepSpeedConfig({k: copy.deepcopy(v) for k, v in config.items() if k != "train_batch_size"})
     except Exception as exc:
-        raise WrongAnswer(f"DeepSpeed refused your configuration: {str(exc).strip().splitlines()[0]}") from None
+        raise WrongAnswer(f"DeepSpeed refused your configuration: {first_line(exc)}") from None
     finally:
         logger.setLevel(level)
     return parsed.zero_optimization_stage, bool(parsed.bfloat16_config.enabled or parsed.float16_config.enabled)
