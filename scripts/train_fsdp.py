@@ -51,6 +51,7 @@ from course_utils.sharding import (
     fsdp_gradient_bytes,
     fsdp_memory,
     fsdp_precision,
+    shard_units,
     start_rank,
 )
 from course_utils.timing import Throughput
@@ -92,10 +93,8 @@ if args.activation_checkpointing:
     enable_activation_checkpointing(model)
 psi = count_parameters(model)
 policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=torch.float32)
-units = [m for child in model.children() for m in (child if isinstance(child, nn.ModuleList) else [child])]
-for unit in units:
-    if any(True for _ in unit.parameters()):
-        fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
+for unit in shard_units(model):  # each block, then the whole model: one block's weights gathered at a time
+    fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
 fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=args.reshard_after_forward)
 model.to_empty(device=device)  # memory for this rank's shards, uninitialised
 set_model_state_dict(model, initial, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))

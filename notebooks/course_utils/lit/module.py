@@ -18,6 +18,7 @@ from ..checkpoint import CheckpointError
 from ..config import TrainConfig, resume_mismatch
 from ..data import make_loader
 from ..preemption import StopRequest
+from ..sharding import shard_units
 from ..timing import Throughput
 from ..trainer import config_lr, linear_warmup, make_optimizer
 
@@ -42,10 +43,8 @@ class CourseModule(L.LightningModule):
         if self.device_mesh is None or isinstance(self.model, FSDPModule):  # not FSDP2, or sharded already
             return
         mesh = self.device_mesh["data_parallel"]
-        for unit in self.model.children():
-            for block in unit if isinstance(unit, nn.ModuleList) else [unit]:
-                if any(True for _ in block.parameters()):
-                    fully_shard(block, mesh=mesh)
+        for unit in shard_units(self.model):
+            fully_shard(unit, mesh=mesh)
         fully_shard(self.model, mesh=mesh)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -34,6 +34,7 @@ from .theory import (  # noqa: F401
 from .scripts import (  # noqa: F401
     add_sharding_args,
     start_rank,
+    shard_units,
     fsdp_precision,
     deepspeed_env,
     deepspeed_device_env,

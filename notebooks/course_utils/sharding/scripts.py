@@ -48,6 +48,13 @@ def start_rank(cfg: TrainConfig, script: str, left_out: set[str],
         sys.exit(f"error: {exc}")
 
 
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """What FSDP2 shards one by one before the whole model: each child that holds parameters, and each block of a
+    child ``ModuleList`` (a transformer's layers), so that a rank gathers one unit's weights at a time."""
+    return [m for child in model.children() for m in (child if isinstance(child, torch.nn.ModuleList) else [child])
+            if any(True for _ in m.parameters())]
+
+
 def fsdp_precision(requested: str, resolved: str) -> tuple[str, str]:
     """The precision train_fsdp.py runs in, and a one-line note when it is not what was asked.
 
