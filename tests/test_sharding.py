@@ -106,7 +106,9 @@ def test_one_process_without_a_launcher_and_one_line_errors(tmp_path):
         ("train_fsdp.py", ["--log-dir", "tb", "--trace-dir", "tr"], "does not implement --log-dir, --trace-dir", True),
         ("train_deepspeed.py", ["--zero-stage", "0", "--offload-optimizer"], "stage 0 has none", True),
         ("train_deepspeed.py", [*tiny[:-2], "--ckpt-dir", str(not_zero)], "holds no ZeRO checkpoint this run can read",
-         True)]
+         True),
+        # a ZeRO checkpoint there, but no Universal one (notebook 07 converts one and resumes it with --universal)
+        ("train_deepspeed.py", [*tiny, "--epochs", "2", "--universal"], "convert a ZeRO checkpoint first", True)]
     # independent one-process runs, started together: on two cores, two import torch at once
     jobs = [(start_script(script, flags, env=ONE_THREAD), says, one_line) for script, flags, says, one_line in refusals]
     for job, says, one_line in jobs:
