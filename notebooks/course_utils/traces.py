@@ -1,6 +1,6 @@
 """Where each rank's step goes, read from the profiler's per-rank traces (``train.py --trace-dir``).
 
-``recording(cfg, device)`` records three training steps with ``torch.profiler`` on every rank and
+``recording(trace_dir, device, rank)`` records three training steps with ``torch.profiler`` on every rank and
 writes one Chrome trace per rank (``rank<r>.json``: open it in Perfetto, or give the folder to
 Holistic Trace Analysis). ``breakdown(folder)`` reduces each trace to intervals of compute and of
 communication and measures, per profiled step, how long each took, how much of the communication ran
@@ -11,7 +11,8 @@ What counts as what depends on what the trace holds:
 - a GPU trace: kernels on the CUDA streams; NCCL's kernels are communication, the others compute, as
   HTA classifies them (copies and memsets are neither, but the GPU is not idle while they run);
 - a CPU trace (gloo): the main thread's operators are compute, gloo's worker threads'
-  ``gloo:*`` spans are communication; the main thread is idle while it waits for them.
+  ``gloo:*`` spans are communication; while the main thread waits for one, that time is communication alone
+  (not hidden), and only time with neither is idle.
 """
 
 from __future__ import annotations
