@@ -1,28 +1,35 @@
 #!/usr/bin/env python
-"""The DDP script a researcher writes, with no course_utils: it reads what torchrun sets.
+"""plain_single.py made distributed with DDP, as a researcher writes it: no course_utils, it reads what torchrun
+sets. The lines that differ from plain_single.py are the lesson (notebook 03 shows the diff).
 
-Every slurm/ pattern must run it unchanged (TRAIN_SCRIPT=scripts/plain_ddp.py): under srun,
+Every slurm/ pattern runs it unchanged (TRAIN_SCRIPT=scripts/plain_ddp.py): under srun,
 slurm/lib/torch_env.sh sets the same variables torchrun does.
 
-    torchrun --standalone --nproc-per-node=2 scripts/plain_ddp.py --steps 20
+    torchrun --standalone --nproc-per-node=2 scripts/plain_ddp.py --epochs 3
 """
 
 import argparse
 import gc
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from plain_parts import build_model, get_dataset
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=50)
-parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--batch-size", type=int, default=64, help="per rank: a step averages ranks x this")
+parser.add_argument("--lr", type=float, default=0.01)
+parser.add_argument("--n-train", type=int, default=4096, help="images of the offline data set")
+parser.add_argument("--data", default=None, help="a folder with torchvision's MNIST, instead of the offline data")
+parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
 args = parser.parse_args()
 
-local_rank = int(os.environ["LOCAL_RANK"])
+local_rank = int(os.environ["LOCAL_RANK"])  # set by torchrun, or by slurm/lib/torch_env.sh under srun
 use_gpu = torch.cuda.is_available()  # the same answer on every rank: all NCCL, or all gloo
 if use_gpu and local_rank >= torch.cuda.device_count():  # NCCL never shares a GPU between ranks
     sys.exit(f"LOCAL_RANK={local_rank} but this process sees {torch.cuda.device_count()} GPU(s): "
@@ -33,28 +40,45 @@ if use_gpu:  # this rank's GPU, before the group exists: NCCL and every later al
 dist.init_process_group("nccl" if use_gpu else "gloo",  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment
                         device_id=device if use_gpu else None)
 rank, world = dist.get_rank(), dist.get_world_size()
+# mixed precision where the GPU has it: bf16 from compute capability 8 (A100, H100), fp16 with loss scaling before
+amp_dtype = None
+if device.type == "cuda":
+    amp_dtype = torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
+scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
-torch.manual_seed(0)  # the same initial weights on every rank
-model = DDP(torch.nn.Linear(8, 1).to(device), device_ids=[local_rank] if use_gpu else None)
-opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-target = torch.arange(8, dtype=torch.float32, device=device)  # learn y = x . target
-g = torch.Generator().manual_seed(rank)  # different data on every rank
-losses = []
-for _ in range(args.steps):
-    x = torch.randn(32, 8, generator=g).to(device)
-    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), x @ target)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
+torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+model = DDP(build_model().to(device), device_ids=[local_rank] if use_gpu else None)
+opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+dataset = get_dataset(args.n_train, args.data)
+sampler = DistributedSampler(dataset, shuffle=True, seed=0, drop_last=True)  # a disjoint 1/world of it per rank
+loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+                    num_workers=args.workers, pin_memory=device.type == "cuda")
 
-weights = model.module.weight.detach().reshape(-1)
+for epoch in range(args.epochs):
+    sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
+    total, steps = torch.zeros((), device=device), 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()  # DDP all-reduces the gradients during backward
+        scaler.step(opt)
+        scaler.update()
+        total += loss.detach()
+        steps += 1
+    dist.all_reduce(total)  # the mean over every rank's batches, not rank 0's alone
+    if rank == 0:  # one rank prints
+        print(f"epoch {epoch}: loss {total.item() / world / steps:.4f} ({steps} steps of {world} x "
+              f"{args.batch_size} images on {world} ranks)", flush=True)
+
+# a check worth keeping while you convert a script: DDP keeps every rank's weights identical
+weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 gathered = [torch.empty_like(weights) for _ in range(world)]
 dist.all_gather(gathered, weights)
 if rank == 0:
-    print("PLAIN " + json.dumps({"world_size": world, "local_world_size": int(os.environ["LOCAL_WORLD_SIZE"]),
-                                 "first_loss": losses[0], "last_loss": losses[-1],
-                                 "ranks_agree": all(torch.equal(gathered[0], w) for w in gathered)}), flush=True)
+    print(f"done: {world} ranks, {os.environ['LOCAL_WORLD_SIZE']} per node; weights identical on every rank: "
+          f"{all(torch.equal(gathered[0], w) for w in gathered)}", flush=True)
 # DDP holds the process group inside reference cycles: free it before the interpreter exits,
 # or gloo's threads may be torn down then and abort ("terminate called without an active exception").
 dist.barrier()

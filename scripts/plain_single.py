@@ -1,34 +1,51 @@
 #!/usr/bin/env python
-"""The training script a researcher starts from, on one device. scripts/plain_ddp.py is this script made
-distributed: the lines that differ between the two are the lesson (notebook 03 shows the diff).
+"""Training on one device: the script a researcher starts from. plain_ddp.py is this script made distributed
+(notebook 03 shows the diff), plain_resumable.py that one made to survive a kill and a time limit (notebook 05).
 
-    python scripts/plain_single.py --steps 20
+    python scripts/plain_single.py --epochs 3
 """
 
 import argparse
-import json
 
 import torch
+from torch.utils.data import DataLoader
+
+from plain_parts import build_model, get_dataset
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=50)
-parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--batch-size", type=int, default=64)
+parser.add_argument("--lr", type=float, default=0.01)
+parser.add_argument("--n-train", type=int, default=4096, help="images of the offline data set")
+parser.add_argument("--data", default=None, help="a folder with torchvision's MNIST, instead of the offline data")
+parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
 args = parser.parse_args()
 
-device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# mixed precision where the GPU has it: bf16 from compute capability 8 (A100, H100), fp16 with loss scaling before
+amp_dtype = None
+if device.type == "cuda":
+    amp_dtype = torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
+scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
 torch.manual_seed(0)
-model = torch.nn.Linear(8, 1).to(device)
-opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-target = torch.arange(8, dtype=torch.float32, device=device)  # learn y = x . target
-g = torch.Generator().manual_seed(0)
-losses = []
-for _ in range(args.steps):
-    x = torch.randn(32, 8, generator=g).to(device)
-    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), x @ target)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    losses.append(loss.item())
+model = build_model().to(device)
+opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+dataset = get_dataset(args.n_train, args.data)
+loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
+                    num_workers=args.workers, pin_memory=device.type == "cuda")
 
-print("PLAIN " + json.dumps({"world_size": 1, "first_loss": losses[0], "last_loss": losses[-1]}), flush=True)
+for epoch in range(args.epochs):
+    total, steps = torch.zeros((), device=device), 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        total += loss.detach()
+        steps += 1
+    print(f"epoch {epoch}: loss {total.item() / steps:.4f} ({steps} steps of {args.batch_size} images on {device})",
+          flush=True)

@@ -12,6 +12,7 @@ kernel can still fork is read from torch's own record in a fresh Python.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import types
 import warnings
@@ -502,7 +503,7 @@ def test_an_existing_group_keeps_its_device(monkeypatch, config, bound, current_
 AROUND_THE_DOOR = {"init_process_group", "set_device", "device_count", "is_available", "is_bf16_supported",
                    "node_device", "place_ranks", "get_device_capability"}
 COUNTS_GPUS_TO_LAUNCH = {"benchmark_ddp.py": {"device_count"}}  # starts torchrun runs, is never a rank itself
-USERS_OWN = "plain_ddp.py"  # the researcher's own script: no course_utils, but set_device before the group
+USERS_OWN = ("plain_ddp.py", "plain_resumable.py")  # the researcher's own: no course_utils, set_device before the group
 HOROVOD_OWN = "plain_horovod.py"  # the same script in Horovod (hvd.init, then set_device); not run here
 SINGLE_OWN = "plain_single.py"  # the one-device script plain_ddp.py makes distributed (notebook 03's diff): no group
 
@@ -523,7 +524,7 @@ def test_every_script_gets_its_device_and_group_through_the_door():
 
     around = {}
     for path in sorted(SCRIPTS.glob("*.py")):
-        if path.name in (USERS_OWN, HOROVOD_OWN, SINGLE_OWN):
+        if path.name in (*USERS_OWN, HOROVOD_OWN, SINGLE_OWN):
             continue
         allowed = COUNTS_GPUS_TO_LAUNCH.get(path.name, set())
         bad = [f"{name}() line {line}" for name, line in _calls(path) if name in AROUND_THE_DOOR - allowed]
@@ -559,27 +560,33 @@ def run_until_the_group_forms(script, monkeypatch, gpus, local_rank):
 
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
-    monkeypatch.setattr(sys, "argv", [str(script), "--steps", "1"])
+    monkeypatch.setattr(sys, "argv", [str(script), "--epochs", "1"])
     for name, value in {"LOCAL_RANK": local_rank, "RANK": local_rank, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500}.items():
         monkeypatch.setenv(name, str(value))
+    handler = signal.getsignal(signal.SIGUSR1)  # plain_resumable.py installs its own: this process keeps pytest's
     try:
         runpy.run_path(str(script), run_name="__main__")
     except _GroupFormed:
         return calls, None
     except SystemExit as stop:
         return calls, str(stop.code)
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
     raise AssertionError(f"{script} ended without forming a process group")
 
 
-def test_the_users_own_script_sets_its_gpu_before_its_group(monkeypatch):
-    """plain_ddp.py run as rank 1 on a 2-GPU node: its GPU is set, then the group formed with NCCL and that GPU
-    as device_id (set later, NCCL's communicator and the first allocations land on GPU 0 of every rank)."""
+@pytest.mark.parametrize("name", USERS_OWN)
+def test_the_users_own_script_sets_its_gpu_before_its_group(monkeypatch, name):
+    """plain_ddp.py (and plain_resumable.py) run as rank 1 on a 2-GPU node: its GPU is set, then the group formed
+    with NCCL and that GPU as device_id (set later, NCCL's communicator and the first allocations land on GPU 0 of
+    every rank)."""
     import ast
 
     from course_utils.paths import SCRIPTS
 
-    script = SCRIPTS / USERS_OWN
+    script = SCRIPTS / name
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # as `python scripts/<name>` has it: plain_parts beside it
     imported = {(node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
                 for node in ast.walk(ast.parse(script.read_text())) if isinstance(node, (ast.Import, ast.ImportFrom))
                 for alias in node.names}
@@ -605,7 +612,7 @@ def test_the_horovod_script_is_valid_python_and_sets_its_gpu_before_using_it():
     calls = {}
     for name, line in _calls(path):
         calls[name] = min(line, calls.get(name, line))
-    assert calls["init"] < calls["set_device"] < calls["Linear"], "hvd.init, then the GPU, then the model"
+    assert calls["init"] < calls["set_device"] < calls["build_model"], "hvd.init, then the GPU, then the model"
 
 
 def test_a_pipeline_stage_waits_for_its_own_stream_not_the_whole_gpu(monkeypatch):

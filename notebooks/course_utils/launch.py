@@ -25,9 +25,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .process_group.env import free_port
 from .hardware import threads_per_rank
 from .paths import REPO_ROOT, SCRIPTS, child_env
+from .show import command_line
 from .waiting import wait_until
 
 
@@ -94,14 +94,10 @@ def temporary_env(variables: Mapping[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def torchrun_command(nproc: int, port: int | None = None) -> list[str]:
-    """``torchrun`` for N processes on this machine, on a port of its own."""
-    port = port or free_port()
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes=1", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-    ]
+def torchrun_command(nproc: int) -> list[str]:
+    """``torchrun`` for N processes on this machine, as a learner types it: ``--standalone`` lets the agent take a
+    port free at that moment for its store (``localhost:0``), so runs side by side never collide."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
 
 
 def run_script(script: str | Path, args: Sequence[str] = (), nproc: int | None = None, timeout_s: float = 600,
@@ -138,6 +134,13 @@ def _threads_per_rank(nproc: int | None, env: dict[str, str] | None) -> dict[str
     return env
 
 
+# Lines kept in a run's output but not shown as it runs: the RESULT line is for the code that reads the run (the
+# notebook prints what it means), and kineto's start-up lines on a machine without a GPU say nothing to a learner.
+def shown(line: str) -> bool:
+    """Whether a run's output line is shown as it runs (every line stays in its output)."""
+    return not (line.startswith(("RESULT ", "USDT:")) or "gpuGetDeviceCount failed" in line)
+
+
 class Process:
     """A command running in a process group of its own, its output collected line by line.
 
@@ -151,6 +154,8 @@ class Process:
                  cwd: str | Path | None = None) -> None:
         self.cmd = list(map(str, cmd))
         self.echo = echo
+        if echo:  # the command a learner would type, before its output
+            print("$ " + command_line(self.cmd, env), flush=True)
         self.start = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=child_env(env), cwd=str(cwd or REPO_ROOT),
@@ -165,7 +170,7 @@ class Process:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.chunks.append(line)
-            if self.echo:
+            if self.echo and shown(line):
                 self._unshown.put(line)
         self.proc.stdout.close()
 

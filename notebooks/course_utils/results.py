@@ -1,4 +1,5 @@
-"""The ``RESULT {json}`` line: how a script hands its numbers to a notebook, a test or a job log.
+"""The ``RESULT {json}`` line: how a script hands its numbers to a notebook, a test or a job log; and the lines the
+take-home scripts print for a person, read back.
 
 A script prints exactly one such line, from rank 0, as its last word
 (:func:`emit_result`); whoever ran it reads it back from the output (:func:`parse_result`)
@@ -8,6 +9,7 @@ or from a Slurm job's log (:func:`results_in_log`).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +39,22 @@ def parse_result(output: str) -> dict[str, Any]:
 def results_in_log(path: str | Path) -> list[dict[str, Any]]:
     """The RESULT lines of a job's log file."""
     return results_in(Path(path).read_text())
+
+
+# The take-home scripts (scripts/plain_*.py) print for a person, not a RESULT line: read back here, in one place.
+_PLAIN_EPOCH = re.compile(r"^epoch (\d+): loss ([0-9.]+) ", re.M)
+_PLAIN_DONE = re.compile(r"^done: (\d+) ranks, (\d+) per node; weights identical on every rank: (True|False)$", re.M)
+
+
+def plain_epochs(output: str) -> list[float]:
+    """The loss of each epoch a plain script printed, in order."""
+    return [float(loss) for _, loss in _PLAIN_EPOCH.findall(output)]
+
+
+def plain_summary(output: str) -> dict[str, Any]:
+    """plain_ddp.py's or plain_resumable.py's last line: world size, ranks per node, whether the weights agreed."""
+    found = _PLAIN_DONE.findall(output)
+    if not found:
+        raise ValueError("the run printed no 'done: ...' line; see its output above")
+    world, per_node, identical = found[-1]
+    return {"world_size": int(world), "per_node": int(per_node), "identical": identical == "True"}

@@ -10,7 +10,7 @@ import re
 import shlex
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .paths import REPO_ROOT, SCRIPTS
@@ -56,15 +56,33 @@ def show_lines(file: str | Path, start: str, end: str | None = None) -> None:
 
 
 def show_diff(old: str | Path, new: str | Path) -> None:
-    """The lines that change from script ``old`` to script ``new`` (a unified diff of their code from the first
-    ``import`` on, blank lines left out, one line of context around each change)."""
+    """The lines that change from script ``old`` to script ``new``: a unified diff of their code from the first
+    ``import`` on, blank lines left out, one line of context around each change, and before each hunk an ``@@`` line
+    with where it is in both files, so that no part of either is skipped without a mark."""
+    a, b = _numbered_body(old), _numbered_body(new)
+    matcher = difflib.SequenceMatcher(None, [t for _, t in a], [t for _, t in b], autojunk=False)
 
-    def body(file: str | Path) -> list[str]:
-        lines = [line for line in _path(file).read_text().splitlines() if line.strip()]
-        return lines[next(i for i, line in enumerate(lines) if line.startswith(("import ", "from "))):]
+    def at(lines: list[tuple[int, str]], k: int) -> int:
+        return lines[k][0] if k < len(lines) else lines[-1][0] + 1
 
-    diff = difflib.unified_diff(body(old), body(new), Path(old).name, Path(new).name, lineterm="", n=1)
-    _display("\n".join(line for line in diff if not line.startswith("@@")), "diff")
+    out = [f"--- {Path(old).name}", f"+++ {Path(new).name}"]
+    for group in matcher.get_grouped_opcodes(1):
+        _, i, _, j, _ = group[0]
+        out.append(f"@@ {Path(old).name} line {at(a, i)}, {Path(new).name} line {at(b, j)} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                out += [" " + t for _, t in a[i1:i2]]
+            if tag in ("replace", "delete"):
+                out += ["-" + t for _, t in a[i1:i2]]
+            if tag in ("replace", "insert"):
+                out += ["+" + t for _, t in b[j1:j2]]
+    _display("\n".join(out), "diff")
+
+
+def _numbered_body(file: str | Path) -> list[tuple[int, str]]:
+    """A script's non-blank lines from its first ``import`` on, with their line numbers."""
+    lines = [(k, line) for k, line in enumerate(_path(file).read_text().splitlines(), 1) if line.strip()]
+    return lines[next(i for i, (_, line) in enumerate(lines) if line.startswith(("import ", "from "))):]
 
 
 def show_matching(file: str | Path, pattern: str) -> None:
@@ -76,15 +94,16 @@ def show_matching(file: str | Path, pattern: str) -> None:
     _display("\n".join(found), LANGUAGES.get(path.suffix, "text"))
 
 
-def command_line(cmd: Sequence[str]) -> str:
+def command_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """A command as a person types it: ``python -m torch.distributed.run`` is ``torchrun``, this Python is
-    ``python``, the repository's paths are relative to its root."""
+    ``python``, the repository's paths are relative to its root; ``env``, the variables set for it, in front."""
     words = [str(w) for w in cmd]
     if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
         words = ["torchrun", *words[3:]]
     words = ["python" if w == sys.executable else w for w in words]
     root = f"{REPO_ROOT}/"
-    return shlex.join(w[len(root):] if w.startswith(root) else w for w in words)
+    here = [w.replace(root, "") for w in words]  # also inside --flag=/path
+    return " ".join([*(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()), shlex.join(here)])
 
 
 def show_command(cmd: Sequence[str]) -> None:

@@ -1,0 +1,100 @@
+"""The take-home series, run as a researcher runs it: plain_single.py, plain_ddp.py (torchrun, 2 gloo ranks) and
+plain_resumable.py, whose checkpoint, resume and stop on SIGUSR1 must give the weights of an uninterrupted run bit
+for bit (CPU, no workers: the same arithmetic in every run). None of them imports course_utils. Notebook 05 runs
+plain_resumable.py with a killed rank and a requeued Slurm job; the bit-for-bit claims are proved here."""
+
+import ast
+import os
+import signal
+
+import pytest
+import torch
+
+from course_utils.launch import find_rank_pid, run_script, start_script
+from course_utils.paths import SCRIPTS
+from course_utils.results import plain_epochs, plain_summary
+from course_utils.waiting import wait_until
+
+from references import ONE_THREAD
+
+SERIES = ("plain_parts.py", "plain_single.py", "plain_ddp.py", "plain_resumable.py")
+TINY = ["--n-train", 1024, "--workers", 0]  # 8 steps an epoch on 2 ranks of batch 64
+EPOCHS = 4
+
+
+def test_the_series_is_plain_torch_and_each_script_a_diff_of_the_one_before():
+    for name in SERIES:
+        tree = ast.parse((SCRIPTS / name).read_text())
+        imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name
+                    for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        assert not [m for m in imported if m.startswith("course_utils")], f"{name} stays the researcher's own"
+    ddp = (SCRIPTS / "plain_ddp.py").read_text().splitlines()
+    resumable = (SCRIPTS / "plain_resumable.py").read_text().splitlines()
+    assert len(resumable) < 160, "plain_resumable.py reads in one sitting"
+    body = [line for line in ddp[ddp.index("import argparse"):] if line.strip()]
+    assert sum(line in resumable for line in body) >= 0.95 * len(body), "plain_resumable.py keeps plain_ddp.py's lines"
+
+
+def test_one_device_then_two_ranks_train_and_the_ranks_end_with_one_model():
+    single = run_script("plain_single.py", ["--epochs", 2, *TINY], timeout_s=300, echo=False)
+    losses = plain_epochs(single.output)
+    assert len(losses) == 2 and losses[-1] < losses[0], single.output
+    ddp = run_script("plain_ddp.py", ["--epochs", 2, *TINY], nproc=2, env=ONE_THREAD, timeout_s=300, echo=False)
+    assert [line.startswith("epoch ") for line in ddp.lines].count(True) == 2, "only rank 0 prints"
+    losses, done = plain_epochs(ddp.output), plain_summary(ddp.output)
+    assert losses[-1] < losses[0] and done == {"world_size": 2, "per_node": 2, "identical": True}, ddp.output
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """An uninterrupted run's final checkpoint."""
+    ckpt = tmp_path_factory.mktemp("straight") / "last.pt"
+    run_script("plain_resumable.py", ["--epochs", EPOCHS, *TINY, "--ckpt", ckpt], nproc=2, env=ONE_THREAD,
+               timeout_s=300, echo=False)
+    return torch.load(ckpt)
+
+
+def assert_same_run(a, b):
+    assert (a["epoch"], a["batch"]) == (b["epoch"], b["batch"]) == (EPOCHS, 0), "both ran to the end"
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), f"{name} differs from the uninterrupted run's"
+    for x, y in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(x["momentum_buffer"], y["momentum_buffer"]), "the momentum buffers too"
+
+
+def wait_for(job, ckpt, mid_epoch: bool):
+    def written():
+        assert job.running(), job.output[-3000:]
+        if ckpt.exists():
+            state = torch.load(ckpt)
+            return state if bool(state["batch"]) == mid_epoch else None
+        return None
+
+    return wait_until(written, 300, lambda: AssertionError(job.output[-3000:]), interval_s=0.02)
+
+
+def test_sigusr1_to_one_rank_stops_both_at_one_step_and_the_next_start_ends_as_an_uninterrupted_run(tmp_path,
+                                                                                                     straight):
+    ckpt = tmp_path / "last.pt"
+    args = ["--epochs", EPOCHS, *TINY, "--ckpt", ckpt, "--save-every", 1000]  # only epochs' ends and the stop save
+    job = start_script("plain_resumable.py", args, nproc=2, env=ONE_THREAD)
+    wait_for(job, ckpt, mid_epoch=False)  # epoch 0 is done ...
+    os.kill(find_rank_pid(str(ckpt), rank=1), signal.SIGUSR1)  # ... and rank 1 alone gets the warning
+    first = job.wait(timeout_s=300)
+    stopped = torch.load(ckpt)
+    assert "stopped on SIGUSR1" in first.output and plain_summary(first.output)["identical"], first.output
+    assert stopped["epoch"] < EPOCHS and f"after batch {stopped['batch']}; saved" in first.output, first.output
+    second = run_script("plain_resumable.py", args, nproc=2, env=ONE_THREAD, timeout_s=300, echo=False)
+    assert f"resumed from {ckpt}: epoch {stopped['epoch']}, after batch {stopped['batch']}" in second.output
+    assert_same_run(straight, torch.load(ckpt))
+
+
+def test_a_rank_killed_mid_epoch_restarts_under_torchrun_and_ends_as_an_uninterrupted_run(tmp_path, straight):
+    ckpt = tmp_path / "last.pt"
+    args = ["--epochs", EPOCHS, *TINY, "--ckpt", ckpt, "--save-every", 3]
+    job = start_script("plain_resumable.py", args, nproc=2, torchrun_args=["--max-restarts=1"], env=ONE_THREAD)
+    state = wait_for(job, ckpt, mid_epoch=True)
+    os.kill(find_rank_pid(str(ckpt), rank=1), signal.SIGKILL)  # as the out-of-memory killer or a failing node would
+    done = job.wait(timeout_s=300)
+    assert "resumed from" in done.output and state["batch"] % 3 == 0, done.output[-3000:]
+    assert_same_run(straight, torch.load(ckpt))
