@@ -51,7 +51,8 @@ opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # rank 0's weights and optimizer state everywhere
 hvd.broadcast_optimizer_state(opt, root_rank=0)
 dataset = get_dataset(args.n_train, args.data)
-sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)  # a disjoint 1/world of it per rank
+# a disjoint 1/world of it per rank
+sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
 loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                     num_workers=args.workers, pin_memory=device.type == "cuda")
 

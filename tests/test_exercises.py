@@ -158,6 +158,7 @@ def _fixed(*steps):
     lambda t: solutions.repaired_sbatch(t).replace("then", "").replace("srun bash", "if srun bash"),  # no bash
     lambda t: solutions.repaired_sbatch(t).replace("\nsrun bash", "\n: srun bash"),             # no ranks started
     lambda t: _fixed("tasks", "cores", "rendezvous")(t).replace("\nsrun bash", "\nsrun -N 2 bash"),  # -N is not -c
+    lambda t: solutions.repaired_sbatch(t).replace("--gres=gpu:4", "--gres=gpu:2"),  # half the node's GPUs
 ])
 def test_sbatch_repair_checker(wrong):
     """The repair judged as the srun pattern; the same hand-over spelled as srun's options is right too."""

@@ -98,3 +98,25 @@ def test_a_rank_killed_mid_epoch_restarts_under_torchrun_and_ends_as_an_uninterr
     done = job.wait(timeout_s=300)
     assert "resumed from" in done.output and state["batch"] % 3 == 0, done.output[-3000:]
     assert_same_run(straight, torch.load(ckpt))
+
+
+def test_the_take_home_claims_print_one_line_each_and_a_wrong_run_is_named(capsys):
+    from course_utils.checks import check_plain_ddp
+    from course_utils.claims import ClaimFailed
+    from course_utils.launch import RunResult
+
+    def run(text):
+        return RunResult(["python"], 0, text, 1.0)
+
+    single = run("epoch 0: loss 2.3000 (16 steps of 64 images on cpu)\n"
+                 "epoch 1: loss 1.9000 (16 steps of 64 images on cpu)\n")
+    ddp = ("epoch 0: loss 2.3100 (8 steps of 2 x 64 images on 2 ranks)\n"
+           "epoch 1: loss 2.0000 (8 steps of 2 x 64 images on 2 ranks)\n"
+           "done: 2 ranks, 2 per node; weights identical on every rank: True\n")
+    check_plain_ddp(single, run(ddp), 2)
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 5 and all(line.startswith("✓ ") for line in shown), shown
+    with pytest.raises(ClaimFailed, match="identical weights"):
+        check_plain_ddp(single, run(ddp.replace("rank: True", "rank: False")), 2)
+    with pytest.raises(ClaimFailed, match="1/2 of an epoch's batches"):
+        check_plain_ddp(single, run(ddp.replace("(8 steps", "(16 steps")), 2)

@@ -42,13 +42,18 @@ def results_in_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 # The take-home scripts (scripts/plain_*.py) print for a person, not a RESULT line: read back here, in one place.
-_PLAIN_EPOCH = re.compile(r"^epoch (\d+): loss ([0-9.]+) ", re.M)
+_PLAIN_EPOCH = re.compile(r"^epoch (\d+): loss ([0-9.]+) \((\d+) steps of", re.M)
 _PLAIN_DONE = re.compile(r"^done: (\d+) ranks, (\d+) per node; weights identical on every rank: (True|False)$", re.M)
 
 
 def plain_epochs(output: str) -> list[float]:
     """The loss of each epoch a plain script printed, in order."""
-    return [float(loss) for _, loss in _PLAIN_EPOCH.findall(output)]
+    return [float(loss) for _, loss, _ in _PLAIN_EPOCH.findall(output)]
+
+
+def plain_steps(output: str) -> list[int]:
+    """The optimiser steps of each epoch a plain script printed (this start's, for a resumed epoch)."""
+    return [int(steps) for _, _, steps in _PLAIN_EPOCH.findall(output)]
 
 
 def plain_summary(output: str) -> dict[str, Any]:

@@ -56,6 +56,18 @@ def optimised_args(on_gpu: bool, ranks_per_host: int) -> list[str]:
     return config_flags(TrainConfig(precision="amp", channels_last=True, workers=workers))
 
 
+def optimised_label(on_gpu: bool) -> str:
+    """What :func:`optimised_args` runs as here: on a CPU, AMP resolves to what the CPU computes fast, and no
+    DataLoader workers."""
+    if on_gpu:
+        return OPTIMISED
+    from .precision import cpu_bf16_here, precision_for
+
+    amp = precision_for("amp", "cpu", cpu_bf16=cpu_bf16_here())
+    return (f"{amp} (what --precision amp resolves to on this CPU), channels_last, data loaded in the main process "
+            "(DataLoader workers would take the ranks' cores)")
+
+
 def scaling_table(rows: list[dict]) -> str:
     out = [f"{'ranks':>5s} {'img/s per rank':>15s} {'img/s total':>12s} {'efficiency':>10s}"]
     for r in rows:

@@ -137,8 +137,11 @@ class Submissions:
         self.ids: list[int] = []
 
     def sbatch(self, script: str | Path, *options: str, env: dict[str, str] | None = None) -> int:
+        """Submit, printing the command a learner would type (paths relative to the repository, ``env`` in
+        front) and the job's id."""
         job = sbatch(script, f"--time={self.time_limit}", *options, env=env)
         self.ids.append(job)
+        print(f"$ {self.command_line(script, *options, env=_relative(env))}\nSubmitted batch job {job}", flush=True)
         return job
 
     def add(self, job_id: int | str) -> int:
@@ -160,6 +163,21 @@ class Submissions:
                 subprocess.run(["scancel", *map(str, live)], capture_output=True)
                 print(f"cancelled job(s) {', '.join(map(str, live))}: the cell stopped before they ended")
         return False
+
+
+def _relative(env: dict[str, str] | None) -> dict[str, str] | None:
+    """``env`` with the repository's absolute paths written relative to it, as a learner at its root types them."""
+    root = f"{REPO_ROOT}/"
+    return {k: str(v).replace(root, "") for k, v in env.items()} if env else env
+
+
+# The practice cluster's nodes are network namespaces with no reverse DNS: c10d warns of it on every rank.
+_PRACTICE_NOISE = "The hostname of the client socket cannot be retrieved"
+
+
+def script_lines(log: str) -> str:
+    """A job's log as its script printed it: without the practice cluster's c10d warning on every rank."""
+    return "\n".join(line for line in log.splitlines() if _PRACTICE_NOISE not in line)
 
 
 def sbatch(script: str | Path, *options: str, env: dict[str, str] | None = None) -> int:

@@ -21,6 +21,8 @@ def colleagues_attempt(one_file: str, gpus: int, cores: int) -> str:
             line = f"#SBATCH --ntasks-per-node=1        # ... one task on each, for its {gpus} GPUs"
         elif line.startswith("#SBATCH --cpus-per-task="):
             line = f"#SBATCH --cpus-per-task={cores}         # all {cores} cores of the node"
+        elif line.startswith("#SBATCH --gres=gpu:"):
+            line = f"#SBATCH --gres=gpu:{gpus}               # ... and their {gpus} GPUs"
         elif line.startswith("#SBATCH --job-name="):
             line = "#SBATCH --job-name=ddp-frontera"
         elif "SRUN_CPUS_PER_TASK" in line or line.startswith("export MASTER_ADDR"):
@@ -29,7 +31,7 @@ def colleagues_attempt(one_file: str, gpus: int, cores: int) -> str:
             continue
         out.append(line)
     attempt = "\n".join(out) + "\n"
-    if attempt.count("\n") != len(lines) - 4 or "--ntasks-per-node=1 " not in attempt:
+    if attempt.count("\n") != len(lines) - 4 or "--ntasks-per-node=1 " not in attempt or "--gres=gpu:" not in attempt:
         raise RuntimeError("notebook 04's exercise starts from slurm/ddp_one_file.sbatch's lines, which changed: "
                            "update course_utils.exercises.colleagues_attempt with them")
     return attempt
@@ -48,6 +50,7 @@ def _tasks_environment(script: str, cpus_per_task: str) -> tuple[dict[str, str],
                  'env | grep -E "^(MASTER_ADDR|MASTER_PORT|SRUN_CPUS_PER_TASK)=" || true; }\n')
     with tempfile.TemporaryDirectory() as tmp:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_NODELIST": "c123-[001-002]",
+               "SLURM_JOB_ID": "4242",
                "SLURM_CPUS_PER_TASK": cpus_per_task, "HOME": tmp}
         run = subprocess.run(["bash", "-c", stand_ins + script], capture_output=True, text=True, env=env,
                              cwd=tmp, timeout=30)
@@ -93,6 +96,10 @@ def check_sbatch_repair(repair: Callable[[str], str], attempt: str, gpus: int, c
     if tasks != str(gpus):
         raise WrongAnswer(f"--ntasks-per-node={tasks}: srun starts that many ranks per node, and NCCL drives one "
                           f"GPU per rank: {gpus} GPUs per node")
+    gres = options.get("--gres") or options.get("--gpus-per-node") or ""
+    if gres and gres.split(":")[-1] != str(gpus):
+        raise WrongAnswer(f"{gres}: the job asks for {gres.split(':')[-1]} GPUs a node, and its nodes have {gpus}, "
+                          "one for each rank")
     if cpus != site_options["--cpus-per-task"]:
         raise WrongAnswer(f"--cpus-per-task={cpus} for {tasks} tasks on a node of {cores} cores: "
                           f"slurm/generate.py's script asks for {site_options['--cpus-per-task']}")
