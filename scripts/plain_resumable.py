@@ -52,9 +52,14 @@ if use_gpu and local_rank >= torch.cuda.device_count():  # NCCL never shares a G
 device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
 if use_gpu:  # this rank's GPU, before the group exists: NCCL and every later allocation use it, not GPU 0
     torch.cuda.set_device(device)
-dist.init_process_group("nccl" if use_gpu else "gloo",  # RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment
+# torchrun's agent serves one store for every restart (--max-restarts), the dead group's addresses still in it:
+# each start meets in a key space of its own. Without torchrun (srun), rank 0 serves a new store each start.
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0 and not agent_serves)
+store = dist.PrefixStore(f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+dist.init_process_group("nccl" if use_gpu else "gloo", store=store, rank=rank, world_size=world,
                         device_id=device if use_gpu else None)
-rank, world = dist.get_rank(), dist.get_world_size()
 # mixed precision where the GPU has it: bf16 from compute capability 8 (A100, H100), fp16 with loss scaling before
 amp_dtype = None
 if device.type == "cuda":

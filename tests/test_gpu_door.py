@@ -560,6 +560,8 @@ def run_until_the_group_forms(script, monkeypatch, gpus, local_rank):
 
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    monkeypatch.setattr(dist, "TCPStore", lambda *args, **kwargs: None)  # plain_resumable.py's own store: no server
+    monkeypatch.setattr(dist, "PrefixStore", lambda prefix, store: None)
     monkeypatch.setattr(sys, "argv", [str(script), "--epochs", "1"])
     for name, value in {"LOCAL_RANK": local_rank, "RANK": local_rank, "WORLD_SIZE": 2, "LOCAL_WORLD_SIZE": 2,
                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29500}.items():

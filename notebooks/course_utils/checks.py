@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from .claims import verify
 from .launch import RunResult
 from .results import plain_epochs, plain_steps, plain_summary
@@ -81,3 +83,69 @@ def check_restarted_plain(run: RunResult, saved: dict, epochs: int) -> None:
         (f"and trained to the end: epoch {epochs - 1}", f"\nepoch {epochs - 1}: " in run.output),
         ("every rank ended with identical weights", lambda: plain_summary(run.output)["identical"]),
     ], detail=run.output[-2000:])
+
+
+def check_n_by_b(checks: dict, steps: int) -> None:
+    """scripts/ddp_checks.py's RESULT: N ranks x B against 1 process x N*B, from the same seed and images."""
+    verify([
+        ("each rank's local gradients differed, and were bit-identical on every rank after DDP's all-reduce",
+         checks["local_grads_differed"] and checks["grads_identical"]),
+        (f"after {steps} steps, N x B and 1 x N*B agree within the float64 tolerance derived from the sums "
+         f"({checks['max_abs_diff']:.1e} <= {checks['float64_atol']:.1e})",
+         checks["within_tolerance"] and checks["ranks_identical"] and checks["steps"] == steps),
+        (f"training moved the weights far more than that ({checks['max_moved']:.2g}, over 100 times as much)",
+         checks["max_moved"] > 100 * checks["max_abs_diff"]),
+        (f"a DDP that sums the gradients instead misses by {checks['summed_max_abs_diff']:.2g}, over a million "
+         "times the tolerance", checks["summed_max_abs_diff"] > 1e6 * checks["float64_atol"]),
+    ])
+
+
+def check_buckets(rows: list[dict]) -> None:
+    """scripts/ddp_buckets.py's rows: all-reduce calls per step by bucket size, and with accumulation."""
+    by_cap = {r["bucket_cap_mb"]: r["allreduces_per_step"] for r in rows if r["accum"] == 1 and not r["grad_as_bucket_view"]}
+    accum = {r["no_sync"]: r["allreduces_per_step"] for r in rows if r["accum"] == 4}
+    verify([
+        (f"smaller buckets, more all-reduces a step: {by_cap[1.0]:g} at 1 MB, {by_cap[25.0]:g} at 25 MB, "
+         f"{by_cap[100.0]:g} at 100 MB", by_cap[1.0] > by_cap[25.0] > by_cap[100.0] >= 1),
+        (f"4 micro-batches: {accum[True]:g} all-reduce(s) with no_sync, {accum[False]:g} without, 4 times as many",
+         accum[False] == 4 * accum[True]),
+    ])
+
+
+def check_killed_and_resumed(output: str, saved: dict, reference: dict, restarted: dict, device: str) -> None:
+    """train.py's run with a rank killed after the mid-epoch checkpoint ``saved``, against the undisturbed run."""
+    verify([
+        ("the restarted group resumed in the middle of the epoch", "resumed from" in output and "(after batch " in output),
+        (f"the checkpoint it resumed from was a step checkpoint ({saved['in_epoch']['batches']} batches, a multiple "
+         "of 5), and both runs ended at the same epoch",
+         saved["in_epoch"]["batches"] % 5 == 0 and restarted["epoch"] == reference["epoch"]),
+        (f"its final state (weights and BatchNorm's statistics) is bit for bit the undisturbed run's, on {device}",
+         all(torch.equal(reference["model"][k], restarted["model"][k]) for k in reference["model"])),
+        ("and so is every epoch's loss",
+         [h["train_loss"] for h in reference["history"]] == [h["train_loss"] for h in restarted["history"]]),
+    ])
+
+
+def check_elastic(worlds: list[str], output: str, final_epoch: int, epochs: int) -> None:
+    """The surviving elastic node's run: the world sizes its workers saw, and its last checkpoint's epoch."""
+    verify([
+        (f"the job started with 2 nodes and finished with 1 (rank/world seen: {', '.join(worlds)})",
+         worlds[0] == "0/2" and worlds[-1] == "0/1"),
+        (f"the survivor resumed from the checkpoint and finished all {epochs} epochs",
+         "resumed from" in output and final_epoch == epochs),
+    ])
+
+
+def check_requeued_train(record: dict, first: dict, final: dict, ckpt: Path, epochs: int) -> None:
+    """slurm/<site>/requeue.sbatch's job of train.py, warned once: what each start reported (its RESULT line)."""
+    verify([
+        ("Slurm requeued the job once and it completed",
+         (record["JobState"], record["Restarts"]) == ("COMPLETED", "1")),
+        (f"the first start began afresh and stopped on the warning, after step {first['global_step']}",
+         first["stopped"] and first["resumed_from"] is None),
+        ("the second start went on from the checkpoint the first wrote when it stopped",
+         lambda: Path(final["resumed_from"]["path"]) == ckpt and final["resumed_from"]["step"] == first["global_step"]),
+        (f"mid-epoch, after batch {final['resumed_from']['batch'] if final['resumed_from'] else '?'} of its epoch: no "
+         "batch was trained twice", lambda: bool(final["resumed_from"]["batch"])),
+        (f"and it finished the run's {epochs} epochs", not final["stopped"] and final["epochs"] == epochs),
+    ])

@@ -115,7 +115,11 @@ def check_sbatch_repair(repair: Callable[[str], str], attempt: str, gpus: int, c
                           "reaches srun's tasks only when it is exported")
     if handed["MASTER_ADDR"] != "c123-001":
         raise WrongAnswer(f"MASTER_ADDR={handed['MASTER_ADDR']}: rank 0 runs on the first node of the job's node list")
-    passed(f"{options['--nodes']} nodes x {tasks} ranks, {cpus} cores each, the rendezvous and the cores handed on")
+    passed(f"{options['--nodes']} nodes x {tasks} ranks, {cpus} cores each, the rendezvous and the cores handed on. "
+           f"What the attempt got wrong: one task per node starts one rank, which drives one of the node's {gpus} GPUs; "
+           f"{gpus} tasks of {cores} cores each ask for {gpus * cores} cores on a {cores}-core node, which Slurm refuses; "
+           "without SRUN_CPUS_PER_TASK every rank and its DataLoader workers share one core; and variables set but not "
+           "exported never reach srun's tasks, so init_process_group finds no MASTER_ADDR")
 
 
 # --------------------------------------------------------------------------- #
@@ -138,4 +142,7 @@ def check_best_interval(interval: Callable[[float, float], float], write_s: floa
             raise WrongAnswer(f"a write of {w:g} s, a failure every {m / 3600:,.1f} h on average: you say every "
                               f"{got:,.0f} s, which wastes {said} of the run; the best interval wastes "
                               f"{waste(want):.2%}. What does one failure cost on average, and how often does it come?")
-    passed("the interval where writing and expected lost work cost the same")
+    passed("the interval where writing and expected lost work cost the same. A failure loses half an interval on "
+           "average, so the interval grows only as the square root of the write time and of the time between failures "
+           "(Young, 1974): a job on 512 nodes fails 512 times as often as one node and checkpoints about 23 times as "
+           "often")
