@@ -32,7 +32,7 @@ from course_utils.devices import PlacementError
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import count_parameters
 from course_utils.results import emit_result
-from course_utils.trainer import build_trainer, history_table
+from course_utils.trainer import build_trainer
 from course_utils.traces import recording
 
 
@@ -81,7 +81,6 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         trainer.step_callback = profiler.step if profiler else None  # the profiler's schedule counts steps
         history = trainer.fit()
     agree = cdist.ranks_agree(trainer.raw_model)
-    cdist.print0(history_table(history))
     cdist.print0(f"all {info.world_size} ranks hold identical parameters: {agree}")
     last = history[-1] if history else None
     emit_result({

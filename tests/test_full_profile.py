@@ -328,12 +328,17 @@ COVERED = {
                "test_03_lr_scaling", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_val=": "test_03_lr_scaling",
            "run / run_script(ddp_buckets.py) / --steps": "test_03_checks_and_buckets",
            "run / run_script(ddp_buckets.py) / --batch-size": "test_03_checks_and_buckets",
-           "batch": "test_03_scaling", "steps": "test_03_scaling"},
+           "batch": "test_03_scaling", "steps": "test_03_scaling",
+           "PLAIN_ARGS / --epochs": "test_03_plain", "PLAIN_ARGS / --n-train": "test_03_plain",
+           "PLAIN_ARGS / --workers": "test_03_plain"},
     "04": {"TRAIN_ARGS": "test_04_jobs", "records / slurm.wait() / timeout_s=": "test_04_jobs",
            "rec / slurm.wait() / timeout_s=": "test_04_jobs", "SWEEP_ARGS": "test_04_jobs",
-           "tasks / slurm.wait() / timeout_s=": "test_04_jobs", "one_rec / slurm.wait() / timeout_s=": "test_04_jobs"},
+           "tasks / slurm.wait() / timeout_s=": "test_04_jobs", "one_rec / slurm.wait() / timeout_s=": "test_04_jobs",
+           "ONE_FILE_ARGS": "test_04_plain_jobs", "plain / TRAIN_ARGS:": "test_04_plain_jobs"},
     "05": {"return / --epochs": "test_05_fault_tolerance", "return / --n-train": "test_05_fault_tolerance",
-           "return / --model": "test_05_fault_tolerance", "elastic_args": "test_05_fault_tolerance"},
+           "return / --model": "test_05_fault_tolerance", "elastic_args": "test_05_fault_tolerance",
+           "plain_args / --epochs": "test_05_plain", "plain_args / --n-train": "test_05_plain",
+           "REQUEUE_EPOCHS": "test_05_plain", "REQUEUE_ARGS / TRAIN_ARGS:": "test_05_plain"},
     "06": {"PLAN / plan_demo() / wanted=": "test_06_lightning", "EPOCHS": "test_06_lightning",
            "timeout": "test_06_lightning", "N_TRAIN": "test_06_lightning", "BATCH": "test_06_lightning",
            "ARGS / --model": "test_06_lightning", "ARGS / --n-val": "test_06_lightning",
@@ -498,6 +503,55 @@ def test_03_ddp(full, monkeypatch):
     if plan.device == "cuda":
         val_s = train_seconds(t, model, 0, batch, 1, resolved(t, "amp"), workers, val_images=n_val) - STARTUP_S
         assert dist_timeout >= TIMEOUT_MARGIN * val_s
+
+
+def _plain_defaults() -> dict[str, int]:
+    """plain_resumable.py's defaults (plain_ddp.py's and plain_single.py's are the same), read from its argparse."""
+    text = (SCRIPTS / "plain_resumable.py").read_text()
+    return {flag: int(value) for flag, value in re.findall(r'"(--[a-z-]+)", type=int, default=(\d+)', text)}
+
+
+def _plain_steps(flags: list, ranks: int) -> int:
+    """Optimiser steps an epoch of a plain script takes on ``ranks`` ranks, with ``flags`` over its defaults."""
+    given = dict(zip(flags[::2], flags[1::2]))
+    args = {**_plain_defaults(), **{k: int(v) for k, v in given.items() if k in _plain_defaults()}}
+    return args["--n-train"] // ranks // args["--batch-size"]
+
+
+def test_03_plain(full):
+    plan = _plan03(full)
+    flags = [f for label in ("--epochs", "--n-train", "--workers") for f in
+             (label, full.pick("03", f"PLAIN_ARGS / {label}", DEVICE=plan.device))]
+    assert flags[1] >= 2, "the loss falls over the epochs: two at least"
+    assert _plain_steps(flags, plan.nproc) >= 2, "every rank takes steps each epoch, a 1/N share of one device's"
+    assert flags[5] * plan.nproc <= full.target.cores_per_node, "DataLoader workers for every rank"
+
+
+@pytest.mark.parametrize("target", [t for t in TARGETS if t.site], ids=lambda t: t.name)
+def test_04_plain_jobs(target, monkeypatch):
+    """The one-file job (its own flags at full size) and plain_ddp.py through the site's srun pattern."""
+    full = Full(target, monkeypatch)
+    one_file = slurm.sbatch_options(REPO_ROOT / "slurm" / "ddp_one_file.sbatch")
+    flags = full.value("04", "ONE_FILE_ARGS").get("TRAIN_ARGS", "--epochs 3").split()
+    ranks = int(one_file["--nodes"]) * int(one_file["--ntasks-per-node"])
+    assert _plain_steps(flags, ranks) >= 2 and _plain_defaults()["--workers"] <= int(one_file["--cpus-per-task"])
+    gpus, _, options = slurm.site_scripts()[target.site]
+    flags = full.pick("04", "plain / TRAIN_ARGS:").split()
+    assert _plain_steps(flags, 2 * gpus) >= 2, "plain_ddp.py on 2 nodes: every rank takes steps"
+    assert _plain_defaults()["--workers"] <= int(options["--cpus-per-task"]), "workers within a task's cores"
+
+
+def test_05_plain(full):
+    plan = plan_demo(2, full.target.gpus_per_node)  # 05's PLAN: the killed run's 2 ranks
+    flags = [f for label in ("--epochs", "--n-train") for f in
+             (label, full.pick("05", f"plain_args / {label}", DEVICE=plan.device))]
+    assert flags[1] >= 2 and _plain_steps(flags, 2) > 3, "a checkpoint every 3 steps falls inside an epoch"
+    epochs = full.value("05", "REQUEUE_EPOCHS")
+    requeue = full.value("05", "REQUEUE_ARGS", REQUEUE_EPOCHS=epochs)["TRAIN_ARGS"].split()
+    assert requeue[:2] == ["--epochs", str(epochs)] and epochs >= 2, "the check reads the epochs the job trains"
+    one_file = slurm.sbatch_options(REPO_ROOT / "slurm" / "ddp_requeue_one_file.sbatch")
+    ranks = int(one_file["--nodes"]) * int(one_file["--ntasks-per-node"])
+    assert _plain_steps(requeue, ranks) >= 2
 
 
 def test_03_lr_scaling(full):
