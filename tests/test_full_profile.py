@@ -589,10 +589,10 @@ def test_03_scaling(full, monkeypatch):
     names = {"DEVICE": plan.device}
     batch, steps = full.value("03", "batch", **names), full.value("03", "steps", **names)
     world_sizes = full.value("03", "world_sizes", N=plan.nproc)
-    glob = full.value("03", "GLOBAL")
+    glob = full.value("03", "GLOBAL", batch=batch)
     assert all(glob % n == 0 for n in world_sizes), "strong scaling splits the global batch exactly"
     if plan.device == "cuda":
-        assert fits(t, train_memory(full.value("03", "MODEL", **names), batch))
+        assert fits(t, train_memory(full.value("03", "MODEL", **names), glob)), "the 1-rank strong step's batch"
         workers = optimised_workers(t, True, max(world_sizes), monkeypatch)
         est = train_seconds(t, full.value("03", "MODEL", **names), batch * (steps + 2), batch, max(world_sizes),
                             resolved(t, "amp"), workers)

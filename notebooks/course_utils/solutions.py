@@ -34,9 +34,10 @@ def ring_bytes(nbytes: int, world: int) -> float:
     return 2 * (world - 1) * nbytes / world
 
 
-def strong_efficiency(rows: Sequence[Mapping[str, float]]) -> list[float]:
-    t1 = next(r["seconds"] for r in rows if r["world_size"] == 1)
-    return [t1 / (r["world_size"] * r["seconds"]) for r in rows]
+def strong_step(one_rank_s: float, weak: Mapping[int, float], n: int) -> float:
+    # each rank computes 1/n of the global batch; the all-reduce is the gradient's, whatever the batch: weak
+    # scaling measured its cost at n ranks as the extra time over one rank
+    return one_rank_s / n + (weak[n] - weak[1])
 
 
 def best_interval(write_s: float, mtbf_s: float) -> float:

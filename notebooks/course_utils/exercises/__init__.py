@@ -20,11 +20,12 @@ from .core import SOLUTIONS_VAR, ExerciseNotDone, WrongAnswer, exercise, passed,
 from .foundations import (
     HALF_SPEED_CASES,
     accumulation_gap,
+    accumulation_models,
     check_accumulation,
     check_accumulation_exact,
     check_half_speed_size,
     check_ring_bytes,
-    check_strong_efficiency,
+    check_strong_step,
 )
 from .clusters import INTERVAL_CASES, check_best_interval, check_sbatch_repair, colleagues_attempt
 from .frameworks import (

@@ -65,8 +65,21 @@ def check_accumulation_exact(is_exact: Callable[[Any], bool], models: Mapping[st
             raise WrongAnswer(f"{name}: you say {'exact' if said else 'not exact'}; one step measured both ways "
                               f"differs by {gaps[name]:.1e} of the largest gradient. Which of its layers look at "
                               "more than one image at a time?")
-    passed(", ".join(f"{name} {'exact' if g < 1e-9 else f'off by {g:.0e}'}" for name, g in gaps.items()))
+    passed(", ".join(f"{name} {'exact' if g < 1e-9 else f'off by {g:.0e}'}" for name, g in gaps.items())
+           + ". BatchNorm normalises each image with the mean and variance of the batch it arrives in: micro-batches "
+           "see other statistics than the whole batch. GroupNorm and an MLP look at one image at a time, so their "
+           "accumulated gradient is the whole batch's up to rounding. Under DDP each rank's batch is such a "
+           "micro-batch (notebook 03)")
     return gaps
+
+
+def accumulation_models(channels: int, classes: int, skip: str = "") -> dict[str, Any]:
+    """Notebook 01's exercise: the course's models under neutral names (which is exact is the question), in the
+    order of ``("cnn", "cnn-gn", "mlp")``, ``skip`` left out (the notebook's own model, passed under its name)."""
+    from ..models import build_model
+
+    names = [n for n in ("cnn", "cnn-gn", "mlp") if n != skip]
+    return {f"model {chr(ord('A') + k)}": build_model(n, channels, classes) for k, n in enumerate(names)}
 
 
 # --------------------------------------------------------------------------- #
@@ -91,20 +104,32 @@ def check_ring_bytes(formula: Callable[[int, int], float], measured: Sequence[Ma
 # --------------------------------------------------------------------------- #
 # 03: strong scaling
 # --------------------------------------------------------------------------- #
-def check_strong_efficiency(efficiency: Callable[[Sequence[Mapping[str, float]]], list[float]],
-                            rows: Sequence[Mapping[str, float]]) -> None:
-    """``efficiency(rows)``: per run, the 1-rank time over (N x the N-rank time), from rows
-    with ``world_size`` and ``seconds`` for the same total work."""
-    got = list(efficiency(rows))
-    base = next(r["seconds"] for r in rows if r["world_size"] == 1)
-    want = [base / (r["world_size"] * r["seconds"]) for r in rows]
-    if len(got) != len(want):
-        raise WrongAnswer(f"{len(got)} efficiencies for {len(want)} runs")
-    for r, g, w in zip(rows, got, want):
-        if not _close(g, w, 0.01):
-            raise WrongAnswer(f"{r['world_size']} ranks: you say {g:.3f}, the times say {w:.3f} "
-                              "(the total work is fixed, so ideal time at N ranks is T1/N)")
-    passed("efficiency(N) = T1 / (N x TN), from this run's times")
+STRONG_CASES = ((0.80, {1: 0.10, 2: 0.13, 4: 0.16, 8: 0.20}), (0.05, {1: 0.02, 2: 0.06, 4: 0.07}))
+"""(seconds per global step on 1 rank, weak scaling's seconds per step by world size): a compute-bound model, and
+one whose all-reduce costs more than its compute; each wrong model below misses one by far more than the
+tolerance."""
+
+
+def _strong_step(one_rank_s: float, weak: Mapping[int, float], n: int) -> float:
+    return one_rank_s / n + (weak[n] - weak[1])
+
+
+def check_strong_step(predict: Callable[[float, Mapping[int, float], int], float], one_rank_s: float,
+                      weak: Mapping[int, float]) -> None:
+    """``predict(one_rank_s, weak, n)``: the seconds of a strong-scaling global step on ``n`` ranks, from the
+    1-rank time of that global step and the weak-scaling runs' seconds per step. Judged on this run's numbers,
+    then on :data:`STRONG_CASES`."""
+    for t1, w in ((one_rank_s, weak), *STRONG_CASES):
+        for n in sorted(w):
+            got, want = float(predict(t1, w, n)), _strong_step(t1, w, n)
+            if not _close(got, want, 0.01):
+                raise WrongAnswer(f"1 rank takes {1e3 * t1:.1f} ms a global step; weak scaling took "
+                                  + ", ".join(f"{1e3 * s:.1f} ms at {k}" for k, s in sorted(w.items()))
+                                  + f". You predict {1e3 * got:.1f} ms at {n} rank(s). Which part of a step shrinks "
+                                  "when each rank gets 1/N of the batch, and which does not?")
+    passed("the compute shrinks with each rank's share of the batch; the gradient's all-reduce does not (it is the "
+           "model's size, not the batch's), and weak scaling measured what it costs at each N: "
+           "T(N) = T1 / N + (weak(N) - weak(1)). So strong scaling loses efficiency sooner than weak scaling")
 
 
 # --------------------------------------------------------------------------- #
