@@ -32,7 +32,8 @@ def test_the_series_is_plain_torch_and_each_script_a_diff_of_the_one_before():
     resumable = (SCRIPTS / "plain_resumable.py").read_text().splitlines()
     assert len(resumable) < 160, "plain_resumable.py reads in one sitting"
     body = [line for line in ddp[ddp.index("import argparse"):] if line.strip()]
-    assert sum(line in resumable for line in body) >= 0.95 * len(body), "plain_resumable.py keeps plain_ddp.py's lines"
+    # it adds lines, and changes only how the group is formed (a store prefix per torchrun restart)
+    assert sum(line in resumable for line in body) >= 0.9 * len(body), "plain_resumable.py keeps plain_ddp.py's lines"
 
 
 def test_one_device_then_two_ranks_train_and_the_ranks_end_with_one_model():
