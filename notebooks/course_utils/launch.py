@@ -105,7 +105,8 @@ def run_script(script: str | Path, args: Sequence[str] = (), nproc: int | None =
                cwd: str | Path | None = None) -> RunResult:
     """Run ``scripts/<script>`` with ``args``; under torchrun when ``nproc`` is given.
 
-    Output is streamed line by line (``echo``) and returned. On timeout or
+    The command is printed first, as a learner types it; the output is streamed line by line (``echo``) and
+    returned. On timeout or
     ``KeyboardInterrupt`` the process group gets SIGTERM, then SIGKILL.
     With ``check`` a non-zero exit raises :class:`LaunchError`.
     """
@@ -154,8 +155,8 @@ class Process:
                  cwd: str | Path | None = None) -> None:
         self.cmd = list(map(str, cmd))
         self.echo = echo
-        if echo:  # the command a learner would type, before its output
-            print("$ " + command_line(self.cmd, env), flush=True)
+        # the command a learner would type, before any output (shown or not): every launch says what it ran
+        print("$ " + command_line(self.cmd, env), flush=True)
         self.start = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=child_env(env), cwd=str(cwd or REPO_ROOT),

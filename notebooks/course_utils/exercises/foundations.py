@@ -129,7 +129,7 @@ def check_strong_step(predict: Callable[[float, Mapping[int, float], int], float
                                   "when each rank gets 1/N of the batch, and which does not?")
     passed("the compute shrinks with each rank's share of the batch; the gradient's all-reduce does not (it is the "
            "model's size, not the batch's), and weak scaling measured what it costs at each N: "
-           "T(N) = T1 / N + (weak(N) - weak(1)). So strong scaling loses efficiency sooner than weak scaling")
+           "T(N) = T1 / N + (weak(N) - weak(1))")
 
 
 # --------------------------------------------------------------------------- #
