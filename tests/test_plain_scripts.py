@@ -1,7 +1,7 @@
-"""The take-home series, run as a researcher runs it: plain_single.py, plain_ddp.py (torchrun, 2 gloo ranks) and
-plain_resumable.py, whose checkpoint, resume and stop on SIGUSR1 must give the weights of an uninterrupted run bit
-for bit (CPU, no workers: the same arithmetic in every run). None of them imports course_utils. Notebook 05 runs
-plain_resumable.py with a killed rank and a requeued Slurm job; the bit-for-bit claims are proved here."""
+"""The take-home series: none of its scripts imports course_utils, and plain_resumable.py's checkpoint, resume and
+stop on SIGUSR1 give the weights of an uninterrupted run bit for bit (CPU, no workers: the same arithmetic in every
+run). Notebook 03 runs plain_single.py and plain_ddp.py and checks what they show; notebook 05 runs plain_resumable.py
+with a killed rank and a requeued Slurm job; the bit-for-bit claims are proved here."""
 
 import ast
 import os
@@ -12,14 +12,14 @@ import torch
 
 from course_utils.launch import find_rank_pid, run_script, start_script
 from course_utils.paths import SCRIPTS
-from course_utils.results import plain_epochs, plain_summary
+from course_utils.results import plain_summary
 from course_utils.waiting import wait_until
 
 from references import ONE_THREAD
 
 SERIES = ("plain_parts.py", "plain_single.py", "plain_ddp.py", "plain_resumable.py")
 TINY = ["--n-train", 1024, "--workers", 0]  # 8 steps an epoch on 2 ranks of batch 64
-EPOCHS = 4
+EPOCHS = 3
 
 
 def test_the_series_is_plain_torch_and_each_script_a_diff_of_the_one_before():
@@ -34,16 +34,6 @@ def test_the_series_is_plain_torch_and_each_script_a_diff_of_the_one_before():
     body = [line for line in ddp[ddp.index("import argparse"):] if line.strip()]
     # it adds lines, and changes only how the group is formed (a store prefix per torchrun restart)
     assert sum(line in resumable for line in body) >= 0.9 * len(body), "plain_resumable.py keeps plain_ddp.py's lines"
-
-
-def test_one_device_then_two_ranks_train_and_the_ranks_end_with_one_model():
-    single = run_script("plain_single.py", ["--epochs", 2, *TINY], timeout_s=300, echo=False)
-    losses = plain_epochs(single.output)
-    assert len(losses) == 2 and losses[-1] < losses[0], single.output
-    ddp = run_script("plain_ddp.py", ["--epochs", 2, *TINY], nproc=2, env=ONE_THREAD, timeout_s=300, echo=False)
-    assert [line.startswith("epoch ") for line in ddp.lines].count(True) == 2, "only rank 0 prints"
-    losses, done = plain_epochs(ddp.output), plain_summary(ddp.output)
-    assert losses[-1] < losses[0] and done == {"world_size": 2, "per_node": 2, "identical": True}, ddp.output
 
 
 @pytest.fixture(scope="module")

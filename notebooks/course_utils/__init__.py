@@ -29,7 +29,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     pipeline        pipeline stages, the bubble, the schedules' order (09)
     results         the RESULT line a script ends with, and reading it back; the take-home scripts' lines
     claims          verify(): a section's checks as the claims they verify, one printed line each
-    checks          the claims of notebooks 03-05's runs, one call each (train.py, the take-home scripts and jobs)
+    checks          the claims of notebooks 01-05's runs, one call each (collectives, train.py, the take-home scripts)
     events          TensorBoard event files read back, for figures and tests
     waiting         wait_until(): one way to wait with a deadline
     errors          first_line(): an error in one line, for messages that then say what to do

@@ -1,5 +1,6 @@
-"""The claims of the notebooks' runs, one call each after the run's output (notebooks 03-05): what train.py under
-torchrun showed, and what the take-home scripts (scripts/plain_*.py) and their job files did."""
+"""The claims of the notebooks' runs, one call each after the run's output (notebooks 01-05): 01's program, the
+launchers and collectives of 02 and 04, what train.py under torchrun showed, and what the take-home scripts (scripts/plain_*.py)
+and their job files did."""
 
 from __future__ import annotations
 
@@ -148,4 +149,88 @@ def check_requeued_train(record: dict, first: dict, final: dict, ckpt: Path, epo
         (f"mid-epoch, after batch {final['resumed_from']['batch'] if final['resumed_from'] else '?'} of its epoch: no "
          "batch was trained twice", lambda: bool(final["resumed_from"]["batch"])),
         (f"and it finished the run's {epochs} epochs", not final["stopped"] and final["epochs"] == epochs),
+    ])
+
+
+def check_launcher_env(srun: "object") -> None:
+    """02: what detect_env makes of the variables srun gives task 3 of a 4-task, 2-node job (job id 81234)."""
+    verify([
+        (f"srun's task 3 is rank {srun.rank} of {srun.world_size}, local rank {srun.local_rank}, rank 0 on "
+         f"{srun.master_addr} (the node list's first)",
+         (srun.rank, srun.local_rank, srun.world_size, srun.master_addr) == (3, 1, 4, "gpu-a01")),
+        (f"without MASTER_PORT the port comes from the job id: {srun.master_port}",
+         srun.master_port == 20000 + 81234 % 20000),
+    ])
+
+
+def check_placements(answers: dict) -> None:
+    """02: place_ranks' answers for the three layouts of the cell, by --device."""
+    verify([
+        ("2 FT3 nodes under srun --gpus-per-task=1: each task's only GPU is its cuda:0",
+         answers["2 FT3 nodes, srun --gpus-per-task=1", "cuda"] == ["cuda:0"] * 4),
+        ("a 1-GPU portal session: four NCCL ranks cannot share its GPU, --device cuda is refused",
+         answers["1-GPU portal session, 4 ranks", "cuda"] == "error"),
+        ("and --device auto falls back to gloo on the CPU", answers["1-GPU portal session, 4 ranks", "auto"] == ["cpu"] * 4),
+    ])
+
+
+def check_bandwidth(bench: dict, builtin_busbw: list[float]) -> None:
+    """02: allreduce_bench.py's JSON: the hand-written ring against all_reduce, and bandwidth over message sizes."""
+    small, large = builtin_busbw[0], builtin_busbw[-1]
+    verify([
+        (f"the ring computes what all_reduce computes (int64 identical, float64 within {bench['ring_max_rel_diff']:.0e})",
+         bench["ring_int_exact"] and bench["ring_max_rel_diff"] < 1e-12),
+        (f"small messages are latency-bound, large ones bandwidth-bound: {small:.4f} GB/s at the smallest, "
+         f"{large:.3f} GB/s at the largest", large > 10 * small),
+    ])
+
+
+def check_param_servers(ps: dict) -> None:
+    """02: param_server.py's three schemes, one worker a 3x straggler."""
+    sync, asyn = ps["sync-ps"], ps["async-ps"]
+    verify([
+        (f"the asynchronous server does not wait for the straggler: the same {asyn['gradients']} gradients at "
+         f"{asyn['grads_per_s']:.0f}/s against the synchronous server's {sync['grads_per_s']:.0f}/s",
+         asyn["grads_per_s"] > sync["grads_per_s"]),
+        (f"so the fast workers contribute more: {asyn['gradients_per_worker']} (the last is the straggler)",
+         asyn["gradients_per_worker"][-1] < max(asyn["gradients_per_worker"])),
+        (f"and it pays with gradients computed on old parameters: a mean staleness of {asyn['mean_staleness']:.1f}",
+         asyn["mean_staleness"] > 0),
+        (f"the server is the bottleneck: {sync['busiest_rank_mib_per_round']:.1f} MiB a round through its busiest rank, "
+         f"{ps['allreduce']['busiest_rank_mib_per_round']:.1f} for the all-reduce",
+         sync["busiest_rank_mib_per_round"] > ps["allreduce"]["busiest_rank_mib_per_round"]),
+    ])
+
+
+def check_collective_timeout(run: RunResult, label: str) -> None:
+    """04: collective_timeout.py on 2 ranks, a 5 s collective timeout, one rank that never joins."""
+    verify([
+        (f"a rank that never joins a collective fails the job ({label}: exit code {run.returncode})", run.returncode != 0),
+        ("rank 0's collective raised at the timeout", "rank 0: the all_reduce failed after" in run.output),
+        ("and did not return as if it had worked", "returned, which it must not" not in run.output),
+        (f"the 5 s collective timeout ended the job after {run.seconds:.0f} s, not the launcher's 120 s limit",
+         run.seconds < 60),
+    ], detail=run.output[-2000:])
+
+
+def check_submitit_ranks(ranks: list[dict], nodes: int | None) -> None:
+    """04: what submitit's job returned from every task; ``nodes`` where it ran under Slurm."""
+    world = ranks[0]["world"]
+    verify([
+        (f"the tasks were ranks 0 to {world - 1}, and every one all-reduced their sum, {world * (world - 1) // 2}",
+         [r["rank"] for r in ranks] == list(range(world)) and all(r["sum"] == world * (world - 1) / 2 for r in ranks)),
+        (f"every task met at one address, {ranks[0]['rendezvous']}", len({r["rendezvous"] for r in ranks}) == 1),
+        *([(f"the tasks ran on all {nodes} nodes of the job", len({r["host"] for r in ranks}) == nodes)] if nodes else []),
+    ])
+
+
+def check_script_run(result: dict, run_dir: Path, epochs: int) -> None:
+    """01: the ladder's best configuration run as scripts/train.py, its checkpoint and logs in ``run_dir``."""
+    losses = result["train_loss"]
+    verify([
+        (f"the program ran the configuration it was given: one process, {epochs} epochs",
+         result["world_size"] == 1 and result["epochs"] == epochs),
+        (f"and it learns: {losses[0]:.3f} -> {losses[-1]:.3f}", losses[-1] < losses[0]),
+        ("its checkpoint and its TensorBoard log are where the flags said",
+         (run_dir / "ckpt" / "last.pt").exists() and bool(list((run_dir / "tb").glob("events.out.tfevents.*")))),
     ])
