@@ -101,9 +101,13 @@ def command_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> st
     if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
         words = ["torchrun", *words[3:]]
     words = ["python" if w == sys.executable else w for w in words]
-    root = f"{REPO_ROOT}/"
-    here = [w.replace(root, "") for w in words]  # also inside --flag=/path
+    here = [relative(w) for w in words]  # also inside --flag=/path
     return " ".join([*(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()), shlex.join(here)])
+
+
+def relative(text: str) -> str:
+    """``text`` with the repository's absolute paths written relative to its root, as a learner there types them."""
+    return text.replace(f"{REPO_ROOT}/", "")
 
 
 def show_command(cmd: Sequence[str]) -> None:

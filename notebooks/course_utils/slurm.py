@@ -167,8 +167,9 @@ class Submissions:
 
 def _relative(env: dict[str, str] | None) -> dict[str, str] | None:
     """``env`` with the repository's absolute paths written relative to it, as a learner at its root types them."""
-    root = f"{REPO_ROOT}/"
-    return {k: str(v).replace(root, "") for k, v in env.items()} if env else env
+    from .show import relative
+
+    return {k: relative(str(v)) for k, v in env.items()} if env else env
 
 
 # The practice cluster's nodes are network namespaces with no reverse DNS: c10d warns of it on every rank.
