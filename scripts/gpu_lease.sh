@@ -11,10 +11,12 @@
 # install: the wheels carried so far (scripts/gpu_wheels.sh install), and DeepSpeed's CPU op built once (notebook 07
 #          on one GPU runs its ranks on the CPU, and each would build it, racing).
 # run:     the rest of the wheels, then scripts/gpu_check.py within LEASE_MIN minutes (default 8.3: the command
-#          ends within 9, its packing included), resuming from the committed records in records/gpu: what has no
-#          result on this GPU model for its current code first (06 and 07, then those never run), then what failed;
-#          what passed is skipped. Into OUT (the device tool's $OUT; runs/gpu-lease here): report.md, report.json,
-#          this run's record (<date>-<gpu>.json), executed.tgz (the notebooks with their outputs) and logs.tgz: 5 files.
+#          ends within 9, its packing included), resuming from the committed records in records/gpu: first every
+#          notebook in the CI profile, three at a time (each one's CUDA path on one device), then the full profile:
+#          what has no result on this GPU model first (those never run in full, then 06 and 07), then what failed,
+#          then what passed on older code; what passed on its current code is skipped. Into OUT (the device tool's
+#          $OUT; runs/gpu-lease here): report.md, report.json, this run's record (<date>-<gpu>.json), executed.tgz
+#          (the notebooks with their outputs) and logs.tgz: 5 files.
 #          Arguments after `run` go to gpu_check.py (--cpu checks this on a CPU; --notebooks 06 07; --rerun).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +46,8 @@ run() {
         --notebook-timeout 480 --out "$work" "$@" || status=$?
     cp "$work"/report.md "$work"/report.json "$out"/ 2>/dev/null || true
     cp "$work"/20*.json "$out"/ 2>/dev/null || true
-    tar czf "$out/executed.tgz" -C "$work" executed 2>/dev/null || true
-    tar czf "$out/logs.tgz" -C "$work" --exclude='logs/ipython' logs 2>/dev/null || true
+    (cd "$work" && tar czf - executed*) > "$out/executed.tgz" 2>/dev/null || true   # executed/ and executed-ci/
+    tar czf "$out/logs.tgz" -C "$work" --exclude='ipython' logs 2>/dev/null || true
     echo "brought back in $out: $(find "$out" -maxdepth 1 -type f -printf '%f ')"
     return "$status"
 }

@@ -5,8 +5,8 @@ and what the README's and INSTRUCTORS.md's GPU tables and the site's GPU lines a
     python scripts/gpu_records.py            # the tables as the records give them
     python scripts/gpu_records.py --write    # write them into README.md and INSTRUCTORS.md (between their markers)
 
-A record: the machine (hardware, GPUs, driver, torch, CUDA, NCCL, CPU), the commit, the date, the profile and how
-it ran (``source``); per notebook its result, code cells passed of its code cells, wall time, peak GPU memory, a
+A record: the machine (hardware, GPUs, driver, torch, CUDA, NCCL, CPU), the commit, the date, the profiles and how
+it ran (``source``); per notebook its profile (``ci`` or ``full``; the record's where a notebook names none), result, code cells passed of its code cells, wall time, peak GPU memory, a
 note, and ``content``: a hash of the notebook's code cells. A result counts for that content only: a changed line
 of code asks for a new run, a markdown edit does not. ``transcribed`` marks a record typed in from a table, its
 run's own report lost. The standard library only: gpu_check.py reads these before it knows what the machine lacks.
@@ -53,16 +53,22 @@ def load_records(folder: Path = RECORDS) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: (r["date"], r["file"]))
 
 
-def results_from_records(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each notebook's latest result over ``records``, as gpu_check.py's report holds a result (the run's hardware,
-    profile, date and torch on each)."""
+def profile_of(n: dict[str, Any], record: dict[str, Any]) -> str:
+    return n.get("profile") or record["profile"]
+
+
+def results_from_records(records: list[dict[str, Any]], profile: str) -> dict[str, dict[str, Any]]:
+    """Each notebook's latest result in ``profile`` over ``records``, as gpu_check.py's report holds a result (the
+    run's hardware, profile, date and torch on each)."""
     latest: dict[str, dict[str, Any]] = {}
     for record in records:  # oldest first: a later run's result replaces an earlier one
         for n in record["notebooks"]:
+            if profile_of(n, record) != profile:
+                continue
             latest[n["notebook"]] = {
                 **{k: v for k, v in n.items() if k != "result"},
                 "timed_out": n["result"] == "timed out", "stopped_by_budget": n["result"] == "stopped (budget)",
-                "hardware": record["hardware"], "profile": record["profile"], "date": record["date"],
+                "hardware": record["hardware"], "profile": profile, "date": record["date"],
                 "torch": record["torch"], "from_record": record["file"]}
     return latest
 
@@ -92,28 +98,32 @@ def run_table(record: dict[str, Any]) -> str:
     lines = [f"**measured: `make gpu-check`, {record['hardware']}, {record['date'][:10]}** ({record['gpus']} GPU(s), "
              f"driver {record.get('driver') or 'not recorded'}, torch {record['torch']}, profile `{record['profile']}`; "
              f"{how}):", "",
-             "| notebook | result | code cells passed | wall s | peak GPU MiB | note |", "|---|---|---|---:|---:|---|"]
-    for n in sorted(record["notebooks"], key=lambda n: n["notebook"]):
-        lines.append(f"| {n['notebook'][:2]} | {n['result']} | {_cells(n)} | {n['seconds']:.0f} | {_peak(n)} | "
-                     f"{n.get('note', '')} |")
+             "| notebook | profile | result | code cells passed | wall s | peak GPU MiB | note |",
+             "|---|---|---|---|---:|---:|---|"]
+    for n in sorted(record["notebooks"], key=lambda n: (n["notebook"], profile_of(n, record))):
+        lines.append(f"| {n['notebook'][:2]} | {profile_of(n, record)} | {n['result']} | {_cells(n)} "
+                     f"| {n['seconds']:.0f} | {_peak(n)} | {n.get('note', '')} |")
     if record.get("matmul"):
         rates = ", ".join(f"{r['format']} {r['tflops']:.0f}" for r in record["matmul"])
         lines += ["", f"Matmul on the same GPU ({record.get('matmul_size', 'see the record')}): {rates} TFLOP/s."]
     return "\n".join(lines)
 
 
+PROFILES = ("ci", "full")
+
+
 def latest_table(records: list[dict[str, Any]], notebooks: Path = NOTEBOOKS) -> str:
-    """Per notebook of the course, its latest result on each GPU model on record (the date; "older code" where
-    the notebook's code has changed since)."""
-    models = sorted({r["hardware"] for r in records})
-    latest = {m: results_from_records([r for r in records if r["hardware"] == m]) for m in models}
+    """Per notebook of the course, its latest result in each profile on each GPU model on record (the date; "older
+    code" where the notebook's code has changed since)."""
+    columns = [(m, p) for m in sorted({r["hardware"] for r in records}) for p in PROFILES]
+    latest = {(m, p): results_from_records([r for r in records if r["hardware"] == m], p) for m, p in columns}
     names = sorted({p.name for p in notebooks.glob("[0-9][0-9]_*.ipynb")} | {n for by in latest.values() for n in by})
-    lines = ["| notebook | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+    lines = ["| notebook | " + " | ".join(f"{m}, `{p}`" for m, p in columns) + " |", "|---|" + "---|" * len(columns)]
     for name in names:
         current = content_hash(notebooks / name) if (notebooks / name).exists() else None
         cells = []
-        for m in models:
-            n = latest[m].get(name)
+        for column in columns:
+            n = latest[column].get(name)
             if n is None:
                 cells.append("not run")
                 continue
@@ -151,8 +161,8 @@ def site_line(name: str, records: list[dict[str, Any]]) -> str:
     r, n = latest[-1]
     stale = "" if not (NOTEBOOKS / name).exists() or content_hash(NOTEBOOKS / name) == n["content"] else \
         "; its code has changed since"
-    return (f"Latest GPU run: {n['result']}, {_cells(n)} code cells, {n['seconds']:.0f} s, peak {_peak(n)} MiB on "
-            f"{r['hardware']}, {r['date'][:10]} (records/gpu/{r['file']}{stale})")
+    return (f"Latest GPU run: {n['result']} in the {profile_of(n, r)} profile, {_cells(n)} code cells, "
+            f"{n['seconds']:.0f} s, peak {_peak(n)} MiB on {r['hardware']}, {r['date'][:10]} (records/gpu/{r['file']}{stale})")
 
 
 def main(argv: list[str] | None = None) -> int:

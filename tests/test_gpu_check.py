@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import types
 from pathlib import Path
@@ -22,7 +23,11 @@ from course_utils.paths import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
 import gpu_check  # noqa: E402
+import gpu_memory  # noqa: E402
+import gpu_packages  # noqa: E402
 import gpu_records  # noqa: E402
+import gpu_report  # noqa: E402
+import gpu_runs  # noqa: E402
 
 
 def test_the_lease_command_in_its_cpu_mode_brings_back_the_whole_report_and_a_record_in_few_files(tmp_path):
@@ -67,7 +72,7 @@ def test_the_lease_command_in_its_cpu_mode_brings_back_the_whole_report_and_a_re
     assert share["matmul_format"] == fastest["format"] and share["share"] > 0
     assert abs(share["share"] - share["train_tflops"] / fastest["tflops"]) < 1e-9
     text = (tmp_path / "report.md").read_text()
-    assert "| 00_environment.ipynb | pass |" in text and "## Single-device ladder (cnn)" in text
+    assert "| 00_environment.ipynb | ci | pass |" in text and "## Single-device ladder (cnn)" in text
     # notebook 03's per-rank traces, recorded and read as on a GPU machine: here CPU traces, which HTA is not asked
     traces = report["traces"]
     assert traces["ranks"] == 1 and traces["hta_overlap_pct"] is None and "(CPU threads)" in traces["table"], traces
@@ -95,7 +100,7 @@ def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
                                          nbformat.v4.new_code_cell("assert 1 + 1 == 3, 'the lesson is wrong'")])
     path = tmp_path / "99_broken.ipynb"
     nbformat.write(nb, path)
-    result = gpu_check.run_notebook(path, "ci", 300, 60, tmp_path, executed=tmp_path / "executed", label="Executed here")
+    result = gpu_runs.run_notebook(path, "ci", 300, 60, tmp_path, executed=tmp_path / "executed", label="Executed here")
     assert not result["passed"] and result["cells_passed"] == 2 and result["cells_failed"] == 1
     assert "the lesson is wrong" in (tmp_path / "99_broken.log").read_text()
     # the notebook with what each cell showed, for make site and for whoever reads why it failed
@@ -110,10 +115,11 @@ def test_a_failing_notebook_is_reported_as_failed_and_the_run_goes_on(tmp_path):
     assert executed.metadata["course_run"]["label"] == "Executed here; 1 cell(s) raised"
     assert (executed.metadata["course_run"]["cells_ran"], executed.metadata["course_run"]["cells"]) == (3, 3)
     skipped = {**result, "notebook": "98_late.ipynb", "not_run": True, "cells_passed": 0, "cells_failed": 0}
-    text = gpu_check.markdown({
-        "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0, "notebooks": [result, skipped],
+    text = gpu_report.markdown({
+        "hardware": "x", "started": "now", "profile": "ci", "torch": "t", "seconds": 1.0,
+        "notebooks": [{**result, "profile": "ci"}, {**skipped, "profile": "full"}],
         "ladder_model": "cnn", "ladder": {"error": "not run"}, "matmul": [], "training_share": {}})
-    assert "| 99_broken.ipynb | FAIL | 2 | 1 |" in text and "| 98_late.ipynb | not run (budget) |" in text
+    assert "| 99_broken.ipynb | ci | FAIL | 2 | 1 |" in text and "| 98_late.ipynb | full | not run (budget) |" in text
 
 
 # ---- a bare GPU machine: only torch (and numpy) installed ------------------------------------------
@@ -169,17 +175,17 @@ def test_what_is_missing_is_followed_through_installed_metadata_extras_included(
     installed = {"lightning": ["torch>=2.1", "pyyaml", "sphinx; extra == \"docs\""], "torch": ["nvidia-cublas"],
                  "ray": ["click", "tensorboardx; extra == \"tune\"", "pandas; extra == \"tune\"",
                          "colorama; sys_platform == \"win32\""], "pandas": ["tzdata"]}
-    missing = gpu_check.missing_packages(["lightning==2.6.6", "ray[tune]==2.60.0", "nbval"], installed)
+    missing = gpu_packages.missing_packages(["lightning==2.6.6", "ray[tune]==2.60.0", "nbval"], installed)
     assert missing == ["click", "nbval", "pyyaml", "tensorboardx", "tzdata"], \
         "not another extra's (sphinx), not another platform's (colorama), not torch's own (nvidia-cublas)"
     wheels = {"click": "there", "nbval": "carried", "tensorboardx": "carried", "six": "there", "numpy": "there"}
-    line = gpu_check.lacking_line("/usr/bin/python3", (3, 12, 3), "2.11.0+cu130", missing, wheels, {"numpy", "ray"})
+    line = gpu_packages.lacking_line("/usr/bin/python3", (3, 12, 3), "2.11.0+cu130", missing, wheels, {"numpy", "ray"})
     assert "`scripts/gpu_wheels.sh download click six`" in line, "six: what a missing package may need, the " \
         "lent machine's image has and this one lacks"
     assert "pyyaml, tzdata: scripts/gpu_wheels.sh does not" in line
-    old = gpu_check.lacking_line("/usr/bin/python3", (3, 12, 3), "2.9.1", [], {})
+    old = gpu_packages.lacking_line("/usr/bin/python3", (3, 12, 3), "2.9.1", [], {})
     assert "torch 2.9.1" in old and "2.11 or newer" in old and "GPU_PYTHON=" in old
-    assert gpu_check.lacking_line("/x/python3", (3, 11, 7), "2.14.1", [], {}) is None
+    assert gpu_packages.lacking_line("/x/python3", (3, 11, 7), "2.14.1", [], {}) is None
 
 
 def test_the_wheels_cover_what_the_lent_machine_lacks_and_carry_what_is_named(tmp_path):
@@ -219,12 +225,12 @@ A, B, C, D = (f"{c * 8}-1111-2222-3333-444455556666" for c in "abcd")
 
 def test_nvml_finds_the_jobs_gpus_by_uuid_not_by_cuda_visible_devices():
     # told "2,3", the job's cgroup shows NVML only its two GPUs, as 0 and 1 (here in the other order)
-    assert gpu_check.nvml_indices([C, D], [f"GPU-{D}", f"GPU-{C}"]) == [1, 0]
+    assert gpu_memory.nvml_indices([C, D], [f"GPU-{D}", f"GPU-{C}"]) == [1, 0]
     # told "0,1" (Slurm renumbered), NVML sees the node's four GPUs: the job's are its 2 and 3
-    assert gpu_check.nvml_indices([C, D], [f"GPU-{u}" for u in (A, B, C, D)]) == [2, 3]
-    assert gpu_check.nvml_indices([C.upper()], [f"GPU-{C}"]) == [0], "torch writes it bare, NVML with GPU-"
-    assert gpu_check.nvml_indices([f"MIG-{A}"], [f"GPU-{B}"]) is None, "no match: no peak rather than a wrong one"
-    assert gpu_check.nvml_indices([], [f"GPU-{A}"]) is None
+    assert gpu_memory.nvml_indices([C, D], [f"GPU-{u}" for u in (A, B, C, D)]) == [2, 3]
+    assert gpu_memory.nvml_indices([C.upper()], [f"GPU-{C}"]) == [0], "torch writes it bare, NVML with GPU-"
+    assert gpu_memory.nvml_indices([f"MIG-{A}"], [f"GPU-{B}"]) is None, "no match: no peak rather than a wrong one"
+    assert gpu_memory.nvml_indices([], [f"GPU-{A}"]) is None
 
 
 def test_the_sampler_measures_the_gpus_the_job_was_given(monkeypatch):
@@ -247,7 +253,7 @@ def test_the_sampler_measures_the_gpus_the_job_was_given(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
-    sampler = gpu_check.GpuMemorySampler([C], interval_s=0.01)
+    sampler = gpu_memory.GpuMemorySampler([C], interval_s=0.01)
     assert sampler._handles == [f"GPU-{C}"]
     with sampler:
         used[f"GPU-{C}"] += 3 * 2**20
@@ -257,23 +263,32 @@ def test_the_sampler_measures_the_gpus_the_job_was_given(monkeypatch):
 
 # ---- 25-minute runs that resume ---------------------------------------------------------------------
 
-def _fake_machine(monkeypatch, tmp_path, hardware, minutes, fails=(), stop_at=None):
-    """main() with notebooks that take ``minutes[name]`` of a clock of the test's own: what ran, in order."""
+def _fake_machine(monkeypatch, tmp_path, hardware, minutes, fails=(), stop_at=None, side_by_side=None):
+    """main() with notebooks that take ``minutes[name]`` (1 in the ci profile) of a clock of the test's own: what ran,
+    in order (the ci pass's as "ci NN"); ``side_by_side`` collects how many ran at once."""
     names = [f"{i:02d}_n.ipynb" for i in range(11)]
     (tmp_path / "nb").mkdir(exist_ok=True)
     for name in names:
         (tmp_path / "nb" / name).touch()
-    clock, ran = [0.0], []
+    clock, ran, lock, running = [0.0], [], threading.Lock(), [0]
 
     def run_notebook(path, profile, timeout_s, cell_timeout_s, logs, gpu_uuids=(), executed=None, label=""):
         if path.name[:2] == stop_at:
             raise KeyboardInterrupt  # ^C, or the GPU's lease ending
-        took = 60 * minutes.get(path.name[:2], 4)
-        clock[0] += min(took, timeout_s)
-        ran.append(path.name[:2])
+        took = 60 * (1 if profile == "ci" else minutes.get(path.name[:2], 4))
+        with lock:
+            running[0] += 1
+            clock[0] += min(took, timeout_s)
+            ran.append(("ci " if profile == "ci" else "") + path.name[:2])
+        if side_by_side is not None:
+            time.sleep(0.2)
+            side_by_side.append(running[0])
+        with lock:
+            running[0] -= 1
         passed = path.name[:2] not in fails and took <= timeout_s
         return {"notebook": path.name, "passed": passed, "timed_out": took > timeout_s, "cells_passed": 3,
-                "cells_failed": 0 if passed else 1, "seconds": min(took, timeout_s), "peak_gpu_mib": 100, "log": ""}
+                "cells_failed": 0 if passed else 1, "seconds": min(took, timeout_s),
+                "peak_gpu_mib": 100 if gpu_uuids else None, "log": ""}
 
     def run_ladder(model, args, out, timeout_s, profile):
         clock[0] += 200
@@ -298,27 +313,27 @@ def clock_of(ran):
 
 
 def test_a_run_keeps_to_its_budget_and_the_next_resumes_it(tmp_path, monkeypatch, capsys):
-    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records")]
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records"), "--profile", "full"]
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, fails={"09"})
     assert gpu_check.main(out) == 1
-    assert ran == ["06", "07", "01", "02", "03", "04"], "the notebooks most at risk first"
+    assert ran == ["01", "02", "04", "08", "06", "07"], "the notebooks most at risk first"
     assert clock_of(ran) <= 25 * 60 - gpu_check.REPORT_S, "all within the 25 minutes"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     by_name = {r["notebook"][:2]: r for r in report["notebooks"]}
     assert by_name["06"]["hardware"] == "1 x H100" and by_name["06"]["date"] and by_name["06"]["passed"]
-    assert by_name["08"]["not_run"] and "not_run" in report["ladder"]
-    assert "left for the next run: 00_n.ipynb, 05_n.ipynb, 08_n.ipynb" in capsys.readouterr().out
+    assert by_name["03"]["not_run"] and by_name["03"]["profile"] == "full" and "not_run" in report["ladder"]
+    assert "left for the next run: 00_n.ipynb (full), 03_n.ipynb (full), 05_n.ipynb (full)" in capsys.readouterr().out
 
     ran.clear()
     assert gpu_check.main(out) == 1
-    assert ran == ["08", "00", "05", "09", "10"], "resumed where it stopped, then by number; what passed is not " \
+    assert ran == ["00", "03", "05", "09", "10"], "resumed where it stopped, by number; what passed is not " \
         "run again; the ladder's 360 s did not fit in the 270 left"
     ran.clear()
     assert gpu_check.main(out) == 1
     assert ran == ["09", "ladder"], "then what failed here; the ladder once every notebook has a result"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert len(report["runs"]) == 3 and report["ladder"]["hardware"] == "1 x H100"
-    assert "| 10_n.ipynb | pass | 3 | 0 | 240.0 | 100 | 1 x H100 |" in (tmp_path / "report" / "report.md").read_text()
+    assert "| 10_n.ipynb | full | pass | 3 | 0 | 240.0 | 100 | 1 x H100 |" in (tmp_path / "report" / "report.md").read_text()
 
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {})  # 09 fixed
     assert gpu_check.main(out) == 0 and ran == ["09"]
@@ -329,16 +344,44 @@ def test_a_run_keeps_to_its_budget_and_the_next_resumes_it(tmp_path, monkeypatch
     assert ran == ["00", "ladder"], "another machine's passes do not count here"
 
 
+def test_a_gpu_run_checks_every_notebook_in_the_ci_profile_first_then_resumes_the_full_profile(tmp_path,
+                                                                                              monkeypatch):
+    """On a GPU, by default: every notebook in the ci profile (--jobs side by side; no peak memory then, the GPU
+    is shared), then the full profile in the budget left. The record and the tables carry each result's profile;
+    the next run skips the ci pass that passed and goes on with the full profile."""
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "records"), "--jobs", "3"]
+    (tmp_path / "records").mkdir()
+    at_once = []
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, side_by_side=at_once)
+    assert gpu_check.main(out) == 1
+    assert sorted(ran[:11]) == [f"ci {i:02d}" for i in range(11)] and max(at_once) == 3, (ran, at_once)
+    assert ran[11:] == ["01", "02", "04"], "11 minutes of ci, then three full ones in the 13.5 left"
+    (written,) = (tmp_path / "report").glob("20*.json")
+    record = json.loads(written.read_text())
+    profiles = [(n["profile"], n["notebook"][:2], n["peak_gpu_mib"]) for n in record["notebooks"]]
+    assert profiles[11:] == [("full", "01", 100), ("full", "02", 100), ("full", "04", 100)]
+    assert {p for p, _, _ in profiles[:11]} == {"ci"} and {m for _, _, m in profiles[:11]} == {None}
+    assert record["profile"] == "ci, full" and record["ladder"] is None
+    table = gpu_records.latest_table([{**record, "file": written.name}], tmp_path / "nb")
+    assert table.splitlines()[0] == "| notebook | 1 x H100, `ci` | 1 x H100, `full` |"
+    assert table.splitlines()[3].startswith("| 01 | pass, 3 cells, ") and table.splitlines()[5].endswith("| not run |")
+    shutil.copy(written, tmp_path / "records" / written.name)
+
+    ran.clear()
+    assert gpu_check.main(out) == 1
+    assert ran == ["08", "06", "07", "00", "03", "05"], "the ci pass passed on this code: only the full profile"
+
+
 def test_a_notebook_cut_by_the_budget_is_not_a_failure_and_goes_first_next_time(tmp_path, monkeypatch):
-    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records")]
-    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {"06": 9, "07": 9, "01": 9})
-    assert gpu_check.main(out) == 1 and ran == ["06", "07", "01"]
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records"), "--profile", "full"]
+    ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {"01": 9, "02": 9, "04": 9})
+    assert gpu_check.main(out) == 1 and ran == ["01", "02", "04"]
     cut = {r["notebook"][:2]: r for r in json.loads((tmp_path / "report" / "report.json").read_text())["notebooks"]}
-    assert cut["01"]["stopped_by_budget"] and not cut["01"]["passed"] and cut["01"]["seconds"] < 9 * 60
-    assert "| 01_n.ipynb | stopped (budget) |" in (tmp_path / "report" / "report.md").read_text()
+    assert cut["04"]["stopped_by_budget"] and not cut["04"]["passed"] and cut["04"]["seconds"] < 9 * 60
+    assert "| 04_n.ipynb | full | stopped (budget) |" in (tmp_path / "report" / "report.md").read_text()
     ran.clear()
     gpu_check.main(out)
-    assert ran[0] == "01"
+    assert ran[0] == "04"
 
 
 # ---- the suite installs nothing where it cannot, and says why -------------------------------------------
@@ -411,13 +454,13 @@ def test_without_a_reachable_mirror_apt_get_is_not_tried(tmp_path, monkeypatch):
 
 
 def test_a_run_stopped_from_outside_keeps_what_it_finished(tmp_path, monkeypatch):
-    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records")]
+    out = ["--out", str(tmp_path / "report"), "--records", str(tmp_path / "no-records"), "--profile", "full"]
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {}, stop_at="07")
     with pytest.raises(KeyboardInterrupt):
         gpu_check.main(out)
     ran = _fake_machine(monkeypatch, tmp_path, "1 x H100", {})
     gpu_check.main(out)
-    assert ran[:2] == ["07", "01"], "06 passed before the stop and is kept"
+    assert ran[:2] == ["07", "00"], "06 passed before the stop and is kept"
 
 
 
@@ -443,10 +486,10 @@ def test_a_run_resumes_from_the_committed_records_and_its_own_record_resumes_the
                       entry("06", "stopped (budget)"), entry("10", "pass")]}))
     (records / "2026-11-26-h200.json").write_text(json.dumps({**base, "date": "2026-11-26 02:00", "hardware": "1 x H200",
         "notebooks": [entry("04", "pass")]}))
-    out = ["--out", str(tmp_path / "report"), "--records", str(records), "--budget-min", "60"]
+    out = ["--out", str(tmp_path / "report"), "--records", str(records), "--budget-min", "60", "--profile", "full"]
     assert gpu_check.main(out) == 1
-    assert ran == ["06", "07", "02", "04", "08", "05", "09", "01", "ladder"], \
-        "no result here for the current code first (most at risk first, then by number), then what failed here"
+    assert ran == ["04", "08", "06", "07", "05", "09", "01", "02", "ladder"], \
+        "no finished result here first (most at risk first, then by number), then what failed, then older code"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert {r["notebook"][:2]: r.get("from_record") for r in report["notebooks"]}["00"] == "2026-11-26-h100.json"
 
@@ -458,7 +501,7 @@ def test_a_run_resumes_from_the_committed_records_and_its_own_record_resumes_the
     assert record["ladder"] is not None and record["matmul"], "measured in this run: in its record"
     shutil.copy(written, records / "2026-11-27-h100.json")
     ran.clear()
-    assert gpu_check.main(["--out", str(tmp_path / "fresh"), "--records", str(records)]) == 1
+    assert gpu_check.main(["--out", str(tmp_path / "fresh"), "--records", str(records), "--profile", "full"]) == 1
     assert ran == ["05"], "a fresh machine, the records committed: only what failed runs again"
 
 
