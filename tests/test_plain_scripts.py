@@ -111,3 +111,30 @@ def test_the_take_home_claims_print_one_line_each_and_a_wrong_run_is_named(capsy
         check_plain_ddp(single, run(ddp.replace("rank: True", "rank: False")), 2)
     with pytest.raises(ClaimFailed, match="1/2 of an epoch's batches"):
         check_plain_ddp(single, run(ddp.replace("(8 steps", "(16 steps")), 2)
+
+
+def test_a_requeued_job_stopped_at_an_epoch_s_last_batch_resumes_at_the_next_epoch_s_start(tmp_path):
+    """plain_resumable.py saves a finished epoch as the start of the next: a warning that lands on an epoch's last
+    batch stops "in epoch 0, after batch 8" and the next start resumes at "epoch 1, after batch 0", the same step.
+    Any other step is not."""
+    from pathlib import Path
+
+    from course_utils.checks import check_requeued_job
+    from course_utils.claims import ClaimFailed
+
+    ckpt = Path("runs/ddp-requeue-7/last.pt")
+    record = {"JobState": "COMPLETED", "Restarts": "1"}
+
+    def log(stopped, resumed):
+        return (f"stopped on SIGUSR1 in epoch 0, after batch {stopped}; saved {ckpt}\n"
+                "done: 4 ranks, 2 per node; weights identical on every rank: True\n"
+                f"resumed from {ckpt}: epoch {resumed}\n"
+                "epoch 1: loss 2.2674 (8 steps of 4 x 16 images on 4 ranks)\n"
+                "done: 4 ranks, 2 per node; weights identical on every rank: True\n")
+
+    check_requeued_job(record, log(8, "1, after batch 0"), ckpt, 2)
+    check_requeued_job(record, log(5, "0, after batch 5").replace("epoch 1: loss", "epoch 0: loss 2.3\nepoch 1: loss"),
+                       ckpt, 2)
+    for stopped, resumed in ((5, "1, after batch 0"), (8, "0, after batch 0"), (5, "0, after batch 4")):
+        with pytest.raises(ClaimFailed, match="resumed from that step"):
+            check_requeued_job(record, log(stopped, resumed), ckpt, 2)

@@ -4,6 +4,7 @@ and their job files did."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -57,6 +58,17 @@ def check_plain_job(record: dict, log: str, nodes: int, per_node: int) -> None:
     ], detail=log[-2000:])
 
 
+def _same_step(stopped: str, resumed: str, steps: list[int]) -> bool:
+    """Whether "resumed from ...: epoch E, after batch B" is the step "epoch E, after batch B" stopped at: the last
+    batch of an epoch is saved as the start of the next (epoch E + 1, after batch 0)."""
+    def step(text: str) -> tuple[int, int] | None:
+        found = re.search(r"epoch (\d+), after batch (\d+)", text)
+        return (int(found[1]), int(found[2])) if found else None
+
+    (e, b), again = step(stopped) or (-1, -1), step(resumed)
+    return again is not None and (again == (e, b) or again == (e + 1, 0) and b in steps)
+
+
 def check_requeued_job(record: dict, log: str, ckpt: Path, epochs: int) -> None:
     """slurm/ddp_requeue_one_file.sbatch's job, warned once: it stopped, requeued itself and finished from there."""
     lines = log.splitlines()
@@ -68,7 +80,7 @@ def check_requeued_job(record: dict, log: str, ckpt: Path, epochs: int) -> None:
          (record["JobState"], record["Restarts"]) == ("COMPLETED", "1")),
         (f"the first start stopped on the warning, every rank at one step ({where}), with a checkpoint",
          bool(stopped) and str(ckpt.name) in stopped),
-        ("the second start resumed from that step", bool(resumed) and resumed.endswith(where)),
+        ("the second start resumed from that step", _same_step(where, resumed, plain_steps(log))),
         (f"and trained to the end: epoch {epochs - 1}", len(plain_epochs(log)) > 0 and f"epoch {epochs - 1}: " in log),
         ("every rank ended with identical weights", plain_summary(log)["identical"]),
     ], detail=log[-2000:])
