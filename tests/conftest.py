@@ -6,22 +6,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
 
-from references import uninterrupted_run  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def uninterrupted(tmp_path_factory):
-    """``uninterrupted(ranks)``: the final checkpoint and RESULT of references.RESUME_ARGS on ``ranks``
-    ranks, run once per rank count for the whole session, whichever test asks first."""
-    done = {}
-
-    def reference(ranks: int):
-        if ranks not in done:
-            done[ranks] = uninterrupted_run(ranks, tmp_path_factory.mktemp(f"uninterrupted-{ranks}"))
-        return done[ranks]
-
-    return reference
-
 
 @pytest.fixture
 def one_rank_group(tmp_path):

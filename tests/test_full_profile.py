@@ -33,6 +33,7 @@ from course_utils.devices import plan_demo
 from course_utils.models import build_model, count_parameters
 from course_utils.paths import REPO_ROOT, SCRIPTS
 from course_utils.precision import BF16_MIN_CAPABILITY, precision_for
+from course_utils.setup import plan_ranks
 from course_utils.sharding import bytes_per_param, fsdp_precision
 from course_utils.solutions import optimizer_steps
 from course_utils.targets import CLUSTERS, TARGETS
@@ -174,7 +175,10 @@ class Full:
         self.target = target
         monkeypatch.setenv("COURSE_PROFILE", "full")
         monkeypatch.setattr(torch.cuda, "device_count", lambda: target.gpus_per_node)
-        self.names = {"pick": sizing.pick, "plan_demo": plan_demo, "max": max, "min": min,
+        def setup(ranks=None, per_gpu=False, minimum=1, fallback="cpu", data=False):  # a notebook's first cell
+            return plan_ranks(ranks, per_gpu, minimum, fallback, target.gpus_per_node) if ranks else None
+
+        self.names = {"pick": sizing.pick, "plan_demo": plan_demo, "setup": setup, "max": max, "min": min,
                       "GPUS": target.gpus_per_node, "CPUS": target.cores_per_node}
 
     def _eval(self, expr: ast.expr, names: dict):
@@ -312,7 +316,7 @@ COVERED = {
            "(trace, top_ops) / profile_steps(runs/01_profile) / active=": "test_01_single_device",
            "args / --n-train / str()": "test_01_script_timeout",
            "run / run_script(train.py) / timeout_s=": "test_01_script_timeout"},
-    "02": {"PLAN / plan_demo() / wanted=": "test_02_collectives",
+    "02": {"SESSION / setup() / per_gpu=": "test_02_collectives",
            "run / run_script(allreduce_bench.py) / --max-mib": "test_02_collectives",
            "run / run_script(allreduce_bench.py) / --iters": "test_02_collectives",
            "expr / run_script(allreduce_bench.py) / --max-mib": "test_02_collectives",
@@ -320,8 +324,7 @@ COVERED = {
            "run / run_script(param_server.py) / --mib": "test_02_collectives",
            "run / run_script(param_server.py) / --steps": "test_02_collectives",
            "run / run_script(param_server.py) / --compute-ms": "test_02_collectives"},
-    "03": {"MODEL": "test_03_ddp", "PLAN / plan_demo() / wanted=": "test_03_ddp",
-           "(DATASET, DATA_LINE) / workshop_dataset() / full=": "test_03_ddp",
+    "03": {"MODEL": "test_03_ddp", "SESSION / setup() / per_gpu=": "test_03_ddp",
            "args / --epochs": "test_03_ddp", "args / --n-train": "test_03_ddp", "args / --n-val": "test_03_ddp",
            "args / --batch-size": "test_03_ddp", "run / run_script(train.py) / timeout_s=": "test_03_ddp",
            "EPOCHS": "test_03_lr_scaling", "(train_ds, val_ds, info) / get_datasets(synthetic) / n_train=":
@@ -439,7 +442,7 @@ def test_01_script_timeout(full):
 # --------------------------------------------------------------------------- #
 def test_02_collectives(full):
     t = full.target
-    plan = full.value("02", "PLAN")
+    plan = full.value("02", "SESSION")
     assert plan.nproc >= 2 and (plan.device == "cpu" or plan.nproc <= t.gpus_per_node)
     timeouts = call_keywords("02", "run_script('allreduce_bench.py'", "timeout_s")
     for cell, timeout in zip(("run", "expr"), timeouts, strict=True):
@@ -474,7 +477,7 @@ def optimised_workers(target, on_gpu: bool, ranks: int, monkeypatch) -> int:
 
 
 def _plan03(full):
-    plan = full.value("03", "PLAN")
+    plan = full.value("03", "SESSION")
     assert plan.device == "cpu" or plan.nproc <= full.target.gpus_per_node, "never two NCCL ranks on one GPU"
     return plan
 
@@ -484,8 +487,6 @@ def test_03_ddp(full, monkeypatch):
     workers = optimised_workers(t, plan.device == "cuda", plan.nproc, monkeypatch)
     names = {"DEVICE": plan.device}
     model = full.value("03", "MODEL", **names)
-    # CIFAR-10 where it was downloaded, else the synthetic set: 50k training and 10k validation images either way
-    assert full.pick("03", "(DATASET, DATA_LINE) / workshop_dataset() / full=", **names) == (plan.device == "cuda")
     epochs, n_train, n_val, batch = (full.pick("03", f"args / {flag}", **names)
                                      for flag in ("--epochs", "--n-train", "--n-val", "--batch-size"))
     timeout = full.pick("03", "run / run_script(train.py) / timeout_s=", **names)
@@ -542,7 +543,7 @@ def test_04_plain_jobs(target, monkeypatch):
 
 
 def test_05_plain(full):
-    plan = plan_demo(2, full.target.gpus_per_node)  # 05's PLAN: the killed run's 2 ranks
+    plan = full.value("05", "SESSION")  # the killed run's 2 ranks
     flags = [f for label in ("--epochs", "--n-train") for f in
              (label, full.pick("05", f"plain_args / {label}", DEVICE=plan.device))]
     assert flags[1] >= 2 and _plain_steps(flags, 2) > 3, "a checkpoint every 3 steps falls inside an epoch"
@@ -729,7 +730,7 @@ def test_04_jobs(target, monkeypatch):
 # --------------------------------------------------------------------------- #
 def test_05_fault_tolerance(full):
     t = full.target
-    plan = plan_demo(2, t.gpus_per_node)  # the notebook's PLAN (section 2: 2 ranks)
+    plan = full.value("05", "SESSION")  # section 2: 2 ranks
     (body,) = [r.value for tree in cells("05") for f in ast.walk(tree)
                if isinstance(f, ast.FunctionDef) and f.name == "train_args"
                for r in ast.walk(f) if isinstance(r, ast.Return)]
