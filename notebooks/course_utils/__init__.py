@@ -3,6 +3,7 @@
 Modules (import what you need; tests/test_repo.py checks every module is listed here)::
 
     sizing          COURSE_PROFILE=ci|full and pick(ci=..., full=...)
+    setup           a notebook's first cell: profile, ranks, device and hardware, chosen once and said in a line
     hardware        environment_report(), print_report(), usable_cores(), threads_per_rank()
     process_group   launcher-agnostic process groups, imported as ``cdist``: session(), init_distributed(),
                     get_rank(), print0() ... (env: who am I, group: join and leave, report: what the ranks print)
