@@ -47,7 +47,7 @@ def test_an_executed_notebook_is_rendered_with_its_outputs_and_its_label_nothing
     assert "4 ranks: 812 images/s" in page, "the stored output is on the page"
     assert "Executed 2026-11-25 on CPU X (2 cores), profile ci" in page
     # beside the CPU run, the notebook's latest GPU run on record (records/gpu: the H200's of 2026-11-26)
-    assert "Latest GPU run: stopped (budget), 11 of 14 code cells, 110 s" in page and "NVIDIA H200" in page, page
+    assert "Latest GPU run: stopped (budget) in the full profile, 11 of 14 code cells, 110 s" in page and "NVIDIA H200" in page, page
     assert "executed at build time" in page and "SystemExit" not in page.split("executed at build time")[1][:200]
     assert "03_ddp_one_node.html" in index.read_text(), "the index lists the notebook"
 
