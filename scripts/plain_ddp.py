@@ -79,8 +79,8 @@ dist.all_gather(gathered, weights)
 if rank == 0:
     print(f"done: {world} ranks, {os.environ['LOCAL_WORLD_SIZE']} per node; weights identical on every rank: "
           f"{all(torch.equal(gathered[0], w) for w in gathered)}", flush=True)
-# DDP holds the process group inside reference cycles: free it before the interpreter exits,
-# or gloo's threads may be torn down then and abort ("terminate called without an active exception").
+# Tear down in order: every rank done, DDP freed (its reference cycles keep the group alive), then the group.
+# Left to the interpreter's exit, gloo's threads can abort ("terminate called without an active exception").
 dist.barrier()
 del model, opt
 gc.collect()

@@ -52,8 +52,9 @@ if use_gpu and local_rank >= torch.cuda.device_count():  # NCCL never shares a G
 device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
 if use_gpu:  # this rank's GPU, before the group exists: NCCL and every later allocation use it, not GPU 0
     torch.cuda.set_device(device)
-# torchrun's agent serves one store for every restart (--max-restarts), the dead group's addresses still in it:
-# each start meets in a key space of its own. Without torchrun (srun), rank 0 serves a new store each start.
+# Meeting the other ranks. For one attempt plain_ddp.py's init_process_group(backend) is enough. Under torchrun
+# --max-restarts every attempt meets in one store, its agent's, which still holds the failed attempt's addresses:
+# so each attempt meets under a prefix of its own (its restart count). Under srun alone rank 0 serves the store.
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 agent_serves = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0 and not agent_serves)
@@ -147,8 +148,8 @@ dist.all_gather(gathered, weights)
 if rank == 0:
     print(f"done: {world} ranks, {os.environ['LOCAL_WORLD_SIZE']} per node; weights identical on every rank: "
           f"{all(torch.equal(gathered[0], w) for w in gathered)}", flush=True)
-# DDP holds the process group inside reference cycles: free it before the interpreter exits,
-# or gloo's threads may be torn down then and abort ("terminate called without an active exception").
+# Tear down in order: every rank done, DDP freed (its reference cycles keep the group alive), then the group.
+# Left to the interpreter's exit, gloo's threads can abort ("terminate called without an active exception").
 dist.barrier()
 del model, opt
 gc.collect()

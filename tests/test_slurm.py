@@ -106,8 +106,9 @@ def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(sit
 # notebook runs with a training script runs here: the plain script under torchrun's rendezvous across nodes
 # (one_node and requeue start the same torchrun on one node, and no pattern adds a flag to any script);
 # DeepSpeed on two nodes; the 2-D pattern (tensor parallel inside each node, data parallel across).
-RUN_HERE = {("generic", "multi_node_torchrun"): "plain", ("ft3", "multi_node_deepspeed"): "course",
-            ("generic", "multi_node_2d"): "2d"}
+RUN_HERE = {("ft3", "multi_node_deepspeed"): "course", ("generic", "multi_node_2d"): "2d"}
+# the one-file torchrun job (one torchrun a node, --max-restarts) runs plain_resumable.py on 2 nodes x 2 ranks
+TORCHRUN_ONE_FILE = REPO_ROOT / "slurm" / "ddp_torchrun_one_file.sbatch"
 TINY_2D = "--hidden 32 --heads 2 --blocks 1 --batch 2 --seq 8 --steps 2"
 
 
@@ -123,10 +124,10 @@ def test_every_script_s_request_is_accepted_by_the_cluster(cluster, script):
 
 @needs_cluster
 def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun_script(cluster):
-    """The plain DDP script knows nothing of course_utils (it reads RANK, LOCAL_RANK, ... as under
-    torchrun): through generic's patterns it checks that any TRAIN_SCRIPT starts as a torchrun script
-    expects. The course's DeepSpeed script runs through FT3's DeepSpeed pattern, and train_tp.py through
-    the 2-D pattern: a tensor-parallel group per node, the nodes data parallel."""
+    """The one-file torchrun job starts plain_resumable.py (it knows nothing of course_utils) with one torchrun a
+    node, as a researcher's copy would. The course's DeepSpeed script runs through FT3's DeepSpeed pattern, and
+    train_tp.py through the 2-D pattern: a tensor-parallel group per node, the nodes data parallel. (Any
+    TRAIN_SCRIPT through every generated pattern: the launch probe's test below.)"""
     assert {(s.parent.name, s.stem) for s in SCRIPTS} >= set(RUN_HERE), "a pattern in RUN_HERE has no script"
     jobs = {}
     for (site, pattern), kind in RUN_HERE.items():
@@ -134,12 +135,14 @@ def test_the_patterns_no_notebook_runs_run_the_course_script_or_a_plain_torchrun
         args = TINY_2D if kind == "2d" else TINY
         env = {**PLAIN, **ONE_THREAD} if kind == "plain" else {"TRAIN_ARGS": args, **ONE_THREAD}
         jobs[slurm.sbatch(script, env=env)] = (script, kind)
+    jobs[slurm.sbatch(TORCHRUN_ONE_FILE, env={"TRAIN_ARGS": PLAIN["TRAIN_ARGS"], **ONE_THREAD})] = \
+        (TORCHRUN_ONE_FILE, "plain")
     records = slurm.wait(list(jobs), timeout_s=1200)
     for job_id, (script, kind) in jobs.items():
         recs = records[job_id]
         report = cluster.job_report(job_id, recs)
         assert {(r["JobState"], r["ExitCode"]) for r in recs} == {("COMPLETED", "0:0")}, report
-        world, nodes = expected(script)
+        world, nodes = (4, 2) if script == TORCHRUN_ONE_FILE else expected(script)
         for log in (Path(r["StdOut"]) for r in recs):
             if kind == "2d":  # train_tp.py, --tp-size from the node's GPUs: one tensor-parallel group per node
                 (r,) = results_in_log(log)
@@ -378,7 +381,7 @@ def test_scripts_pass_shellcheck():
 
     if shutil.which("shellcheck") is None:
         pytest.skip("shellcheck is not installed (apt-get install shellcheck; the suite installs it as root)")
-    libs = sorted((REPO_ROOT / "slurm" / "lib").glob("*.sh")) + [REPO_ROOT / "slurm" / "ddp_one_file.sbatch"]
+    libs = sorted((REPO_ROOT / "slurm" / "lib").glob("*.sh")) + sorted((REPO_ROOT / "slurm").glob("ddp_*.sbatch"))
     out = subprocess.run(["shellcheck", "-x", "-s", "bash", *map(str, SCRIPTS + libs)],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stdout

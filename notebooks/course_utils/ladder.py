@@ -46,7 +46,7 @@ class LadderSettings:
 @dataclass
 class RungResult:
     rung: str
-    status: str  # kept | dropped (slower here) | skipped: <why>
+    status: str  # kept | dropped (slower here) | dropped (within noise) | skipped: <why>
     images_per_s: float = float("nan")
     speedup: float = float("nan")  # versus the fp32 baseline
     data_fraction: float = float("nan")
@@ -119,8 +119,9 @@ def ladder_dataset(settings: LadderSettings) -> tuple[torch.utils.data.Dataset, 
     return train, info.channels
 
 
-def run_ladder(settings: LadderSettings, echo: Callable[[str], None] = print) -> list[RungResult]:
-    """Climb the ladder; returns one :class:`RungResult` per rung."""
+def run_ladder(settings: LadderSettings, margin: float = 0.0, echo: Callable[[str], None] = print) -> list[RungResult]:
+    """Climb the ladder; returns one :class:`RungResult` per rung. A rung is kept when it is faster than the best
+    configuration before it by at least ``margin`` (a share: the run-to-run noise :func:`repeat_spread` measures)."""
     device = choose_device(settings.device)
     train_ds, channels = ladder_dataset(settings)
     textbook = settings.textbook()
@@ -136,10 +137,10 @@ def run_ladder(settings: LadderSettings, echo: Callable[[str], None] = print) ->
         ips = summary["images_per_s"]
         if not baseline:
             baseline = ips
-        kept = ips >= best_ips
+        kept = ips >= best_ips * (1 + margin)
+        status = "kept" if kept else "dropped (within noise)" if ips >= best_ips else "dropped (slower here)"
         if kept:
             best, best_ips = cfg, ips
-        status = "kept" if kept else "dropped (slower here)"
         results.append(
             RungResult(name, status, ips, ips / baseline, summary["data_fraction"], summary["untimed_s"],
                        changes(cfg, textbook))
