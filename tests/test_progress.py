@@ -29,3 +29,32 @@ def test_in_a_kernel_each_update_replaces_the_last_and_the_cell_keeps_only_its_r
     texts = [o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs]
     assert not any("step" in t for t in texts), outputs
     assert [o["output_type"] for o in outputs] == ["display_data", "stream"] and texts[1] == "the result\n", outputs
+
+
+def test_under_nbval_the_executed_copy_keeps_no_progress_line(tmp_path):
+    """nbval, which writes the executed copies (scripts/record_executed.py), drops display updates: what it keeps
+    of a status line is the display as it was created, empty."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import nbformat
+
+    from course_utils.paths import REPO_ROOT
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from course_utils.progress import StatusLine\n"
+        "with StatusLine() as status:\n"
+        "    status('step 1 of 1')\n"
+        "print('the result')")])
+    nbformat.write(nb, tmp_path / "status.ipynb")
+    env = {**os.environ, "COURSE_EXECUTED_DIR": str(tmp_path / "executed"),
+           "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "scripts"), str(REPO_ROOT / "notebooks")])}
+    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "record_executed", "-p", "no:cacheprovider",
+                          "-q", str(tmp_path / "status.ipynb")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stdout[-2000:]
+    (cell,) = json.loads((tmp_path / "executed" / "status.ipynb").read_text())["cells"]
+    shown = json.dumps(cell["outputs"])
+    assert "step 1" not in shown and "the result" in shown, cell["outputs"]

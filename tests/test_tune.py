@@ -88,3 +88,27 @@ def test_tunes_noise_is_held_back_during_a_search_and_the_levels_put_back_after(
         assert all(logging.getLogger(name).level == level for name, level in _QUIET.items())
     assert pbt_restore.level == logging.DEBUG and pbt_restore.isEnabledFor(logging.WARNING)
     pbt_restore.setLevel(logging.NOTSET)
+
+
+def test_a_failed_trial_is_logged_in_one_line_during_a_search_with_its_traceback_after_it(caplog):
+    """Tune logs each failed attempt with Ray's whole traceback; during a search it is one line: the trial and
+    the error's last line. Outside a search the record is Tune's own."""
+    import logging
+
+    from course_utils.tuning.search import _quiet_tune
+
+    controller = logging.getLogger("ray.tune.execution.tune_controller")
+
+    def fail() -> None:
+        try:
+            raise RuntimeError("ray::ImplicitFunc.train()\n  frames ...\nRuntimeError: fail_at_epoch 2")
+        except RuntimeError as exc:
+            controller.error("Trial task failed for trial tune_trial_0", exc_info=exc)
+
+    with caplog.at_level(logging.ERROR, logger=controller.name):
+        with _quiet_tune():
+            fail()
+        fail()
+    during, after = caplog.records
+    assert during.getMessage() == "Trial task failed for trial tune_trial_0: RuntimeError: fail_at_epoch 2"
+    assert during.exc_info is None and after.exc_info is not None, "the filter is gone after the search"

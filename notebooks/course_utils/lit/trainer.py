@@ -4,6 +4,7 @@ own output kept to what the lesson reads."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -28,10 +29,15 @@ def quiet_lightning() -> None:
     import warnings
 
     logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.WARNING)
-    # Not "The `srun` command is available on your system but is not used": under Slurm without srun it
-    # says what plan_launch cannot always see (a notebook or torchrun inside an allocation)
-    tips = ("does not have many workers", "log_every_n_steps", "treespec, LeafSpec", "exists and is not empty",
-            "`weights_only` was not set")
+    # "Initializing distributed: GLOBAL_RANK ..." from every rank: the run's first line says who is who
+    logging.getLogger("lightning.fabric.utilities.distributed").setLevel(logging.WARNING)
+    tips = ["does not have many workers", "log_every_n_steps", "treespec, LeafSpec", "exists and is not empty",
+            "`weights_only` was not set"]
+    # "The `srun` command is available on your system but is not used" wherever srun is on the PATH: wrong under
+    # torchrun (it started the ranks) and outside a Slurm job (a login node, a notebook's forked ranks); kept inside a
+    # job without srun, where it says what plan_launch cannot always see (a plain python in an allocation)
+    if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_JOB_ID" not in os.environ:
+        tips.append("The `srun` command is available")
     for tip in tips:
         warnings.filterwarnings("ignore", message=f".*{tip}")
 

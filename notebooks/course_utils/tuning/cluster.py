@@ -4,6 +4,7 @@ authentication; wait until every node of a Slurm job has joined."""
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import secrets
 import socket
@@ -64,7 +65,8 @@ def start_ray(address: str | None = None, num_cpus: int | None = None, num_gpus:
             ray.init(address=address, log_to_driver=not quiet, runtime_env={"env_vars": TRIAL_ENV})
         else:
             ray.init(num_cpus=num_cpus or usable_cores(), num_gpus=num_gpus, include_dashboard=False,
-                     _temp_dir=ray_temp_dir(), log_to_driver=not quiet, runtime_env={"env_vars": TRIAL_ENV})
+                     _temp_dir=ray_temp_dir(), log_to_driver=not quiet, runtime_env={"env_vars": TRIAL_ENV},
+                     logging_level=logging.WARNING if quiet else logging.INFO)  # not "Started a local Ray instance"
     return {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
 
 

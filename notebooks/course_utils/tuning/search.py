@@ -120,11 +120,26 @@ def tpe_startup_trials(num_samples: int) -> int:
     return max(2, num_samples // 4)
 
 
-# Tune's lines that say nothing to a learner: the note that a notebook gets the legacy progress reporter (before
-# every search), "Remote file not found" each time PBT restores a trial (its log files are where they were), "Failed to
-# fetch metrics" for trials an interrupted search never started
-_QUIET = {"ray.tune.tune": logging.WARNING, "ray.tune.logger.logger": logging.ERROR,
-          "ray.tune.analysis.experiment_analysis": logging.ERROR}
+# Tune's lines that say nothing the course's tables do not: the note that a notebook gets the legacy progress
+# reporter (before every search) and the warnings of a search interrupted on purpose (notebook 08 restores it),
+# "Remote file not found" each time PBT restores a trial (its log files are where they were), "Failed to fetch
+# metrics" for trials an interrupted search never started, "Restoring the run", PBT's exploits (trials() lists them)
+_QUIET = {"ray.tune.tune": logging.ERROR, "ray.tune.logger.logger": logging.ERROR,
+          "ray.tune.analysis.experiment_analysis": logging.ERROR, "ray.tune.execution.tune_controller": logging.WARNING,
+          "ray.tune.schedulers.pbt": logging.WARNING, "optuna": logging.WARNING}
+
+
+class _OneLineErrors(logging.Filter):
+    """Tune logs every failed attempt of a trial with its whole traceback (screens of Ray's frames); one line says
+    which trial and the error's last line. The whole traceback stays in the trial's folder (error.txt) and in
+    ``ResultGrid.errors``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            text = str(record.exc_info[1]).strip()
+            record.msg, record.args = f"{record.getMessage()}: {text.splitlines()[-1] if text else ''}", ()
+            record.exc_info = record.exc_text = None
+        return True
 
 
 @contextlib.contextmanager
@@ -134,9 +149,13 @@ def _quiet_tune():
     before = {log: log.level for log in loggers}
     for log, level in loggers.items():
         log.setLevel(level)
+    one_line = _OneLineErrors()
+    controller = logging.getLogger("ray.tune.execution.tune_controller")
+    controller.addFilter(one_line)
     try:
         yield
     finally:
+        controller.removeFilter(one_line)
         for log, level in before.items():
             log.setLevel(level)
 
@@ -190,8 +209,8 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
         shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(storage / f"{name}-workers", ignore_errors=True)
     elif tune.Tuner.can_restore(path):
-        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=True)
         with _quiet_tune():
+            tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_unfinished=True, resume_errored=True)
             return tuner.fit()
     if scheduler == "pbt":
         random.seed(seed)  # PBT draws its donors and perturbations from Python's random module
