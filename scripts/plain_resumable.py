@@ -86,6 +86,8 @@ def save(epoch: int, batch: int) -> None:
         epoch, batch = epoch + 1, 0
     state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
              "rng": torch.get_rng_state(), "epoch": epoch, "batch": batch}  # batch: steps done in that epoch
+    # yours may hold more that changes as it trains: an LR scheduler's state_dict(), Python's or NumPy's RNG
+    # (random.getstate(), numpy.random.get_state()) where your augmentations draw from them
     if use_gpu:
         state["cuda_rng"] = torch.cuda.get_rng_state(device)
     os.makedirs(os.path.dirname(os.path.abspath(args.ckpt)), exist_ok=True)

@@ -51,9 +51,9 @@ def test_under_nbval_the_executed_copy_keeps_no_progress_line(tmp_path):
     nbformat.write(nb, tmp_path / "status.ipynb")
     env = {**os.environ, "COURSE_EXECUTED_DIR": str(tmp_path / "executed"),
            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "scripts"), str(REPO_ROOT / "notebooks")])}
-    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "record_executed", "-p", "no:cacheprovider",
-                          "-q", str(tmp_path / "status.ipynb")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=180)
+    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "record_executed",
+                          "-p", "no:cacheprovider", "-q", str(tmp_path / "status.ipynb")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stdout[-2000:]
     (cell,) = json.loads((tmp_path / "executed" / "status.ipynb").read_text())["cells"]
     shown = json.dumps(cell["outputs"])

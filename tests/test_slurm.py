@@ -339,9 +339,12 @@ def test_a_cell_without_slurm_shows_ft3_s_command_lines_and_says_why(monkeypatch
 
 @needs_cluster
 def test_a_cell_submits_the_site_s_scripts_where_it_may(cluster):
-    assert slurm.cell_plan(False) == slurm.CellPlan("generic", None), "the test cluster: generic's scripts, no opt-in"
+    here = slurm.cell_plan(False)
+    assert here == slurm.CellPlan("generic", None), "the test cluster: generic's scripts, no opt-in"
+    assert "practice cluster, which needs no SUBMIT = True" in here.line, "and the cell's first line says why"
     frontera = slurm.cell_plan(False, {"TACC_SYSTEM": "frontera"}, cluster="frontera")
     assert frontera.site == "frontera" and not frontera.submits and "SUBMIT = True" in frontera.why_not
+    assert frontera.line.startswith("not submitting: Slurm cluster 'frontera' found"), frontera.line
     assert slurm.cell_plan(True, {"TACC_SYSTEM": "frontera"}, cluster="frontera").submits
 
 

@@ -30,9 +30,10 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     pipeline        pipeline stages, the bubble, the schedules' order (09)
     results         the RESULT line a script ends with, and reading it back; the take-home scripts' lines
     claims          verify(): a section's checks as the claims they verify, one printed line each
-    checks          the claims of notebooks 01-05's runs, one call each (collectives, train.py, the take-home scripts)
+    checks          the claims of the notebooks' runs, one call each (collectives, train.py, the take-home scripts, ...)
     events          TensorBoard event files read back, for figures and tests
     waiting         wait_until(): one way to wait with a deadline
+    progress        StatusLine: long work's progress in one line, gone from the executed copy when it ends
     errors          first_line(): an error in one line, for messages that then say what to do
     exercises       the notebooks' exercises and their checkers, by notebook group; solutions: the reference answers
     paths           REPO_ROOT, the scripts folder, a child process's environment

@@ -18,7 +18,7 @@ import shlex
 import shutil
 import subprocess
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .paths import REPO_ROOT
@@ -93,10 +93,21 @@ class CellPlan:
 
     site: str
     why_not: str | None
+    cluster: str = field(default="", compare=False)  # the Slurm cluster that answers here ('' where none does)
 
     @property
     def submits(self) -> bool:
         return self.why_not is None
+
+    @property
+    def line(self) -> str:
+        """What the cell does here, in one line: a cell prints it first."""
+        if not self.submits:
+            return f"not submitting: {self.why_not}"
+        if self.cluster == TEST_CLUSTER:
+            return (f"submitting slurm/{self.site}/ scripts to the course's practice cluster, which needs no "
+                    "SUBMIT = True (SUBMIT guards a real cluster's queue)")
+        return f"submitting slurm/{self.site}/ scripts to the Slurm cluster '{self.cluster}' (SUBMIT = True)"
 
     def script(self, pattern: str) -> Path:
         return script_for(pattern, self.site)
@@ -106,7 +117,10 @@ def cell_plan(submit: bool, environ: dict[str, str] | None = None, cluster: str 
     """The decision every Slurm cell of the notebooks starts with, in one place: it submits on the course's
     test cluster, on a real one only with ``SUBMIT = True`` (:func:`submission_refused`); its scripts are
     this cluster's site's (:func:`site_here`), or FT3's to show where no Slurm answers."""
-    return CellPlan(site_here(environ, cluster) if available() is None else "ft3", submission_refused(submit, cluster))
+    if available() is not None:
+        return CellPlan("ft3", submission_refused(submit, cluster))
+    cluster = cluster_name() if cluster is None else cluster
+    return CellPlan(site_here(environ, cluster), submission_refused(submit, cluster), cluster)
 
 
 TIME_LIMIT = "00:15:00"  # a notebook cell's jobs are minutes long: never the hours a script asks for itself

@@ -39,11 +39,14 @@ BEHIND_CASES = {
 }
 
 
-def check_behind(behind: Callable[[Records], tuple[int, int, str]], run_records: Records,
-                 run_answer: tuple[int, int, str]) -> None:
+def check_behind(behind: Callable[[Records], tuple[int, int, str]], run_records: Records, stuck_rank: int) -> None:
     """``behind(records)`` -> (the rank that is behind, the sequence number of the collective it never entered,
-    that collective's operation): on this run's records, then on records of runs not made here."""
-    cases = [("this run", run_records, run_answer)]
+    that collective's operation): on this run's records, where ``stuck_rank`` is the rank the run held back
+    (``faulty_ddp.py --stuck-rank``), then on records of runs not made here."""
+    missed = max(e["seq"] for e in run_records[stuck_rank]) + 1  # the next call: the others entered it
+    op = next(e["op"] for rank, entries in run_records.items() if rank != stuck_rank for e in entries
+              if e["seq"] == missed)
+    cases = [("this run", run_records, (stuck_rank, missed, op))]
     cases += [(name, made_records(*shape), want) for (name, *shape), want in BEHIND_CASES.items()]
     for name, records, want in cases:
         try:

@@ -147,7 +147,8 @@ def ds_config(cfg: TrainConfig, world: int, stage: int, precision: str, offload:
         "gradient_accumulation_steps": cfg.grad_accum,
         # bf16: weights and gradients in bf16, an fp32 master copy in the optimizer; fp16 adds loss scaling
         "bf16": {"enabled": precision == "bf16"},
-        "fp16": {"enabled": precision == "fp16", "initial_scale_power": 12},
+        # fp16 only: its loss scale starts at 2**12 (DeepSpeed's default is 2**16)
+        "fp16": {"enabled": True, "initial_scale_power": 12} if precision == "fp16" else {"enabled": False},
         "gradient_clipping": clip,
         "zero_optimization": zero,
         # the course's own optimizer (make_optimizer) runs on the offloaded state, where DeepSpeed
