@@ -38,7 +38,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,8 @@ if str(NOTEBOOKS) not in sys.path:  # course_utils without PYTHONPATH or an inst
 # noqa: E402 below: each module, like this file up to main's check, imports the standard library only at its top
 import gpu_records  # noqa: E402
 from gpu_packages import what_is_lacking  # noqa: E402
-from gpu_plan import current_here, estimate_s, need_s, pick_notebooks, plan, ran_here  # noqa: E402
+from gpu_plan import (current_here, estimate_s, need_s, pick_notebooks, plan, ran_here, resume,  # noqa: E402
+                      run_in_turn)
 from gpu_report import load_report, make_record, markdown, result_words  # noqa: E402
 from gpu_runs import (flops_per_image, measure_matmul, read_machine, run_ladder, run_notebook,  # noqa: E402
                       run_traces, training_share)
@@ -85,39 +85,186 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def resume(previous: dict[str, Any], on_record: list[dict[str, Any]], hardware: str, profiles: list[str],
-           content: dict[str, str]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Each profile's latest result per notebook: this folder's report, or the committed records where newer; each
-    marked ``older_code`` where the notebook's code has changed since it ran."""
-    latest: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in profiles}
-    for r in previous.get("notebooks", []):
-        latest.setdefault(r.get("profile") or "full", {})[r["notebook"]] = r
-    for profile, results in latest.items():
-        for name, r in gpu_records.results_from_records(on_record, profile).items():
-            mine = results.get(name)
-            if mine is None or not ran_here(mine, hardware, profile) or str(mine.get("date")) < r["date"]:
-                results[name] = r
-        for name, r in results.items():  # a result counts for the code it ran
-            r["older_code"] = name in content and r.get("content") != content[name]
-    return latest
+class Check:
+    """One run: its plan, the notebooks of each pass, the ladder and the traces as the budget allows, and the
+    report, written after every notebook (a run stopped from outside leaves what it finished for the next)."""
 
+    def __init__(self, args: argparse.Namespace, argv: list[str] | None, machine: dict[str, Any],
+                 notebooks: dict[str, Path], t0: float) -> None:
+        self.args, self.argv, self.machine, self.notebooks, self.t0 = args, argv, machine, notebooks, t0
+        self.passes = [args.profile] if args.profile else (["ci"] if args.cpu else ["ci", "full"])
+        self.main_profile = self.passes[-1]  # the ladder's and the traces'
+        self.jobs = {"ci": max(1, args.jobs or (1 if args.cpu else min(3, (os.cpu_count() or 1) // 5))), "full": 1}
+        self.hardware, self.device = machine["hardware"], machine["device"]
+        args.out.mkdir(parents=True, exist_ok=True)
+        self.logs = args.out / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.previous = load_report(args.out / "report.json")
+        self.on_record = [r for r in gpu_records.load_records(args.records) if r["hardware"] == self.hardware]
+        self.content = {name: gpu_records.content_hash(path) for name, path in notebooks.items()}
+        self.latest = resume(self.previous, self.on_record, self.hardware, self.passes, self.content)
+        self.started, self.budget_s = time.strftime("%Y-%m-%d %H:%M"), 60 * args.budget_min
+        self.plans = {p: plan(list(notebooks), self.latest[p], self.hardware, p, args.rerun) for p in self.passes}
+        self.label = f"Executed {self.started} on {self.hardware}, by make gpu-check"  # each executed notebook's
+        self.ran: list[tuple[str, str]] = []
+        self.left: dict[str, list[str]] = {p: [] for p in self.passes}
+        self.model = "cnn" if args.cpu else "resnet18"
+        # the latest ladder and matmul table stay in the report, labelled, until this hardware measures its own
+        self.ladder = self.previous.get("ladder") or {"not_run": "the notebooks come first"}
+        self.matmul, self.share = self.previous.get("matmul", []), self.previous.get("training_share", {})
+        traces = self.previous.get("traces")
+        self.traces = traces if (traces or {}).get("hardware") == self.hardware else None
+        if not self.ladder_here():
+            measured = [r for r in self.on_record if "rungs" in (r.get("ladder") or {})
+                        and r["ladder"].get("profile", r["profile"]) == self.main_profile]
+            if measured:  # this GPU model's ladder on record: not measured again unless asked
+                last = measured[-1]
+                self.ladder, self.matmul, self.share = last["ladder"], last["matmul"], last.get("training_share", {})
 
-def run_in_turn(order: list[str], jobs: int, need_s: Any, left_s: Any, start: Any, done: Any, skip: Any) -> None:
-    """Start each of ``order``, ``jobs`` at a time, while the budget still has ``need_s(name)`` seconds left
-    (``skip(name)`` where not); ``done(name, result)`` in this thread as each ends."""
-    pending, running = list(order), {}
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        while pending or running:
-            while pending and len(running) < jobs:
-                name = pending.pop(0)
-                if left_s() < need_s(name):
-                    skip(name)
-                else:
-                    running[pool.submit(start, name)] = name
-            if running:
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    done(running.pop(future), future.result())
+    def left_s(self) -> float:
+        return self.budget_s - REPORT_S - (_now() - self.t0)
+
+    def ladder_here(self) -> bool:
+        return (self.ladder.get("hardware") == self.hardware and self.ladder.get("profile") == self.main_profile
+                and "rungs" in self.ladder)
+
+    def say(self, profile: str, name: str, what: str) -> None:
+        print(f"  {profile:4s} {name:38s} {what}", flush=True)
+
+    def print_plan(self) -> None:
+        print(f"gpu-check on {self.hardware}, {self.args.budget_min:g} min: "
+              + "; then ".join(f"profile {p}, {len(self.plans[p][0])} notebook(s), {self.jobs[p]} at a time"
+                               for p in self.passes), flush=True)
+        for p in self.passes:
+            order, skipped = self.plans[p]
+            for name in order:
+                took = estimate_s(self.latest[p].get(name), self.hardware, p)
+                self.say(p, name, "never timed here" if took is None else f"took {took:.0f} s here")
+            for name in skipped:
+                self.say(p, name, f"passed here on {self.latest[p][name].get('date')}: skipped (--rerun runs it again)")
+
+    def save(self) -> dict[str, Any]:
+        seconds, passes = _now() - self.t0, ", ".join(self.passes)
+        runs = [*self.previous.get("runs", []),
+                {"started": self.started, "hardware": self.hardware, "profile": passes, "seconds": round(seconds, 1),
+                 "ran": [f"{p} {n}" for p, n in self.ran],
+                 "left": [f"{p} {n}" for p in self.passes for n in self.left[p]]}]
+        report = {"hardware": self.hardware, "started": self.started, "profile": passes,
+                  "torch": self.machine["env"]["torch"], "environment": self.machine["env"],
+                  "notebooks": [r for p in sorted(self.latest) for r in self.latest[p].values()],
+                  "ladder_model": self.ladder.get("model", self.model), "ladder": self.ladder, "matmul": self.matmul,
+                  "training_share": self.share, "traces": self.traces, "seconds": seconds, "runs": runs}
+        (self.args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        (self.args.out / "report.md").write_text(markdown(report))
+        return report
+
+    def run_pass(self, profile: str) -> None:
+        """Every notebook of ``profile``'s plan that fits the budget, ``jobs[profile]`` at a time."""
+        stamp = {"hardware": self.hardware, "profile": profile, "date": self.started,
+                 "torch": self.machine["env"]["torch"]}
+        # the main profile's executed copies in executed/ (what make site shows), the ci pass's beside them
+        suffix = "" if profile == self.main_profile else f"-{profile}"
+        logs = self.logs / suffix.lstrip("-")
+        logs.mkdir(exist_ok=True)
+        latest, args = self.latest[profile], self.args
+
+        def start(name: str) -> dict[str, Any]:
+            limit = min(args.notebook_timeout, self.left_s())
+            r = {**run_notebook(self.notebooks[name], profile, limit, limit, logs,
+                                self.machine["gpu_uuids"] if self.jobs[profile] == 1 else (),
+                                executed=args.out / f"executed{suffix}", label=f"{self.label}, profile {profile}"),
+                 **stamp, "content": self.content[name]}
+            if r["timed_out"] and limit < args.notebook_timeout:  # the budget stopped it, not its own limit
+                r["stopped_by_budget"] = True
+            return r
+
+        def done(name: str, r: dict[str, Any]) -> None:
+            self.ran.append((profile, name))
+            if r.get("stopped_by_budget"):
+                self.left[profile].append(name)
+            if not r.get("stopped_by_budget") or not ran_here(latest.get(name), self.hardware, profile):
+                latest[name] = r  # a cut run replaces no result; where there is none, it says how long
+            peak = "" if r["peak_gpu_mib"] is None else f", peak {r['peak_gpu_mib']:,} MiB on the GPU(s)"
+            self.say(profile, name, f"{result_words(r)}  {r['cells_passed']} cells, {r['seconds']:.0f} s{peak}")
+            self.save()
+
+        def skip(name: str) -> None:
+            self.left[profile].append(name)
+            took = estimate_s(latest.get(name), self.hardware, profile)
+            why = "never timed here" if took is None else f"took {took:.0f} s here"
+            self.say(profile, name, f"left for the next run: {self.left_s():.0f} s of the budget left, {why}")
+
+        run_in_turn(self.plans[profile][0], self.jobs[profile], lambda n: need_s(latest.get(n), self.hardware, profile),
+                    self.left_s, start, done, skip)
+        for name in self.left[profile]:
+            latest.setdefault(name, {"notebook": name, "profile": profile, "passed": False, "not_run": True,
+                                     "timed_out": False, "cells_passed": 0, "cells_failed": 0, "seconds": 0.0,
+                                     "peak_gpu_mib": None})
+
+    def measure_ladder(self) -> None:
+        """The ladder and the matmul rates, once every notebook has a main-profile result here."""
+        if self.ladder_here() and not self.args.rerun:
+            return
+        ladder, model, main = self.ladder, self.model, self.main_profile
+        need = 1.2 * float(ladder.get("seconds") or 0) if ladder.get("hardware") == self.hardware else 0.0
+        need, why = need or LADDER_GUESS_S[self.device], None
+        if not all(current_here(self.latest[main].get(n), self.hardware, main) for n in self.notebooks):
+            why = f"the notebooks come first; a run after each has a {main} result here measures it"
+        elif self.left_s() < need:
+            why = (f"{self.left_s():.0f} s of the budget were left and it takes about {need:.0f} s; the next run "
+                   "measures it")
+        else:
+            print(f"  ladder ({model}) ...", flush=True)
+            ladder_args = (["--batch-size", "32", "--steps", "3", "--untimed-steps", "1", "--workers", "1"]
+                           if self.args.cpu else [])
+            begin = _now()
+            self.ladder = run_ladder(model, ladder_args, self.args.out, min(600, self.left_s()), main)
+            self.ladder.update(hardware=self.hardware, profile=main, date=self.started,
+                               torch=self.machine["env"]["torch"], seconds=round(_now() - begin, 1), model=model)
+            self.matmul = measure_matmul(self.device, self.args.cpu)
+            self.share = (training_share(self.ladder, self.matmul, flops_per_image(model))
+                          if "error" not in self.ladder else {})
+        if why:
+            print(f"  ladder ({model}) not measured on this hardware: {why}", flush=True)
+            if "rungs" not in self.ladder:
+                self.ladder = {"not_run": why}
+
+    def record_traces(self) -> None:
+        """Notebook 03's per-rank traces, after the notebooks and the ladder, as the budget allows."""
+        traced = self.traces is not None and "error" not in self.traces
+        if not self.ladder_here() or (traced and not self.args.rerun):
+            return
+        if self.left_s() < TRACES_S:
+            print(f"  per-rank traces not recorded: {self.left_s():.0f} s of the budget left; the next run records "
+                  "them", flush=True)
+            return
+        print("  per-rank traces (train.py --trace-dir, read by course_utils.traces and HTA) ...", flush=True)
+        self.traces = {**run_traces(self.args.out, len(self.machine["env"].get("gpus") or []), self.args.cpu,
+                                    min(300, self.left_s()), self.main_profile),
+                       "hardware": self.hardware, "profile": self.main_profile, "date": self.started,
+                       "torch": self.machine["env"]["torch"]}
+
+    def finish(self) -> int:
+        """The report, this run's record, what is left; 0 when nothing is left and nothing failed."""
+        print(f"\n{markdown(self.save())}\nwritten: {self.args.out / 'report.md'} and report.json", flush=True)
+        ladder, passes = self.ladder, self.passes
+        if self.ran or "rungs" in ladder and ladder.get("date") == self.started \
+                or (self.traces or {}).get("date") == self.started:
+            record = make_record(self.started, self.machine, ", ".join(passes),
+                                 [self.latest[p][n] for p, n in self.ran], ladder, self.matmul, self.share,
+                                 self.argv, self.args.cpu, self.traces)
+            path = self.args.out / gpu_records.record_name(self.started, self.hardware)
+            path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+            print(f"this run's record: {path}; commit it: cp {path} {self.args.records}/ and "
+                  "python scripts/gpu_records.py --write (the README's and INSTRUCTORS.md's tables)", flush=True)
+        todo = [f"{n} ({p})" for p in passes for n in self.notebooks
+                if not current_here(self.latest[p].get(n), self.hardware, p)]
+        todo += [] if self.ladder_here() else ["the ladder"]
+        if todo:
+            print(f"left for the next run: {', '.join(todo)}; `make gpu-check` again resumes there", flush=True)
+        failed = [n for p in passes for n in self.notebooks if not self.latest[p][n]["passed"]]
+        failed += ["the ladder"] if "error" in ladder else []
+        return 0 if not todo and not failed else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,161 +275,17 @@ def main(argv: list[str] | None = None) -> int:
         print(lacking, file=sys.stderr)
         return 2
     notebooks = {path.name: path for path in pick_notebooks(NOTEBOOKS, args.notebooks)}
-    passes = [args.profile] if args.profile else (["ci"] if args.cpu else ["ci", "full"])
-    main_profile = passes[-1]  # the ladder's and the traces'
-    jobs = {"ci": max(1, args.jobs or (1 if args.cpu else min(3, (os.cpu_count() or 1) // 5))), "full": 1}
     machine = read_machine(args.cpu)
     if isinstance(machine, str):
         print(machine, file=sys.stderr)
         return 2
-    hardware, device = machine["hardware"], machine["device"]
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = args.out / "logs"
-    logs.mkdir(exist_ok=True)
-    previous = load_report(args.out / "report.json")
-    on_record = [r for r in gpu_records.load_records(args.records) if r["hardware"] == hardware]
-    content = {name: gpu_records.content_hash(path) for name, path in notebooks.items()}
-    latest = resume(previous, on_record, hardware, passes, content)
-    started, budget_s = time.strftime("%Y-%m-%d %H:%M"), 60 * args.budget_min
-    plans = {p: plan(list(notebooks), latest[p], hardware, p, args.rerun) for p in passes}
-    print(f"gpu-check on {hardware}, {args.budget_min:g} min: "
-          + "; then ".join(f"profile {p}, {len(plans[p][0])} notebook(s), {jobs[p]} at a time" for p in passes),
-          flush=True)
-    for p in passes:
-        order, skipped = plans[p]
-        for name in order:
-            took = estimate_s(latest[p].get(name), hardware, p)
-            print(f"  {p:4s} {name:38s} {'never timed here' if took is None else f'took {took:.0f} s here'}",
-                  flush=True)
-        for name in skipped:
-            print(f"  {p:4s} {name:38s} passed here on {latest[p][name].get('date')}: skipped (--rerun runs it "
-                  "again)", flush=True)
-
-    def left_s() -> float:
-        return budget_s - REPORT_S - (_now() - t0)
-
-    label = f"Executed {started} on {hardware}, by make gpu-check"  # each executed notebook's
-    ran: list[tuple[str, str]] = []
-    left: dict[str, list[str]] = {p: [] for p in passes}
-    model = "cnn" if args.cpu else "resnet18"
-    # the latest ladder and matmul table stay in the report, labelled, until this hardware measures its own
-    ladder = previous.get("ladder") or {"not_run": "the notebooks come first"}
-    matmul, share = previous.get("matmul", []), previous.get("training_share", {})
-    traces = previous.get("traces") if (previous.get("traces") or {}).get("hardware") == hardware else None
-    if not (ladder.get("hardware") == hardware and ladder.get("profile") == main_profile and "rungs" in ladder):
-        measured = [r for r in on_record if "rungs" in (r.get("ladder") or {})
-                    and r["ladder"].get("profile", r["profile"]) == main_profile]
-        if measured:  # this GPU model's ladder on record: not measured again unless asked
-            ladder, matmul, share = measured[-1]["ladder"], measured[-1]["matmul"], measured[-1].get("training_share", {})
-
-    def save() -> dict[str, Any]:
-        """The report as it stands, written after every notebook: a run stopped from outside (a lease that
-        ends, ^C) leaves what it finished for the next run to resume from."""
-        seconds = _now() - t0
-        runs = [*previous.get("runs", []), {"started": started, "hardware": hardware, "profile": ", ".join(passes),
-                                            "seconds": round(seconds, 1), "ran": [f"{p} {n}" for p, n in ran],
-                                            "left": [f"{p} {n}" for p in passes for n in left[p]]}]
-        report = {"hardware": hardware, "started": started, "profile": ", ".join(passes),
-                  "torch": machine["env"]["torch"], "environment": machine["env"],
-                  "notebooks": [r for p in sorted(latest) for r in latest[p].values()],
-                  "ladder_model": ladder.get("model", model), "ladder": ladder, "matmul": matmul,
-                  "training_share": share, "traces": traces, "seconds": seconds, "runs": runs}
-        (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
-        (args.out / "report.md").write_text(markdown(report))
-        return report
-
-    for profile in passes:
-        stamp = {"hardware": hardware, "profile": profile, "date": started, "torch": machine["env"]["torch"]}
-
-        # the main profile's executed copies in executed/ (what make site shows), the ci pass's beside them
-        suffix = "" if profile == main_profile else f"-{profile}"
-        (logs / suffix.lstrip("-")).mkdir(exist_ok=True)
-
-        def start(name: str, profile: str = profile, stamp: dict[str, Any] = stamp, suffix: str = suffix) -> dict:
-            limit = min(args.notebook_timeout, left_s())
-            r = {**run_notebook(notebooks[name], profile, limit, limit, logs / suffix.lstrip("-"),
-                                machine["gpu_uuids"] if jobs[profile] == 1 else (),
-                                executed=args.out / f"executed{suffix}", label=f"{label}, profile {profile}"),
-                 **stamp, "content": content[name]}
-            if r["timed_out"] and limit < args.notebook_timeout:  # the budget stopped it, not its own limit
-                r["stopped_by_budget"] = True
-            return r
-
-        def done(name: str, r: dict[str, Any], profile: str = profile) -> None:
-            ran.append((profile, name))
-            if r.get("stopped_by_budget"):
-                left[profile].append(name)
-            if not r.get("stopped_by_budget") or not ran_here(latest[profile].get(name), hardware, profile):
-                latest[profile][name] = r  # a cut run replaces no result; where there is none, it says how long
-            peak = "" if r["peak_gpu_mib"] is None else f", peak {r['peak_gpu_mib']:,} MiB on the GPU(s)"
-            print(f"  {profile:4s} {name:38s} {result_words(r)}  {r['cells_passed']} cells, {r['seconds']:.0f} s{peak}",
-                  flush=True)
-            save()
-
-        def skip(name: str, profile: str = profile) -> None:
-            left[profile].append(name)
-            took = estimate_s(latest[profile].get(name), hardware, profile)
-            why = "never timed here" if took is None else f"took {took:.0f} s here"
-            print(f"  {profile:4s} {name:38s} left for the next run: {left_s():.0f} s of the budget left, {why}",
-                  flush=True)
-
-        run_in_turn(plans[profile][0], jobs[profile], lambda n, p=profile: need_s(latest[p].get(n), hardware, p),
-                    left_s, start, done, skip)
-        for name in left[profile]:
-            latest[profile].setdefault(name, {"notebook": name, "profile": profile, "passed": False, "not_run": True,
-                                              "timed_out": False, "cells_passed": 0, "cells_failed": 0,
-                                              "seconds": 0.0, "peak_gpu_mib": None})
-
-    def ladder_here() -> bool:
-        return ladder.get("hardware") == hardware and ladder.get("profile") == main_profile and "rungs" in ladder
-
-    if not ladder_here() or args.rerun:
-        need = 1.2 * float(ladder.get("seconds") or 0) if ladder.get("hardware") == hardware else 0.0
-        need, why = need or LADDER_GUESS_S[device], None
-        if not all(current_here(latest[main_profile].get(n), hardware, main_profile) for n in notebooks):
-            why = f"the notebooks come first; a run after each has a {main_profile} result here measures it"
-        elif left_s() < need:
-            why = f"{left_s():.0f} s of the budget were left and it takes about {need:.0f} s; the next run measures it"
-        else:
-            print(f"  ladder ({model}) ...", flush=True)
-            ladder_args = (["--batch-size", "32", "--steps", "3", "--untimed-steps", "1", "--workers", "1"]
-                           if args.cpu else [])
-            begin = _now()
-            ladder = run_ladder(model, ladder_args, args.out, min(600, left_s()), main_profile)
-            ladder.update(hardware=hardware, profile=main_profile, date=started, torch=machine["env"]["torch"],
-                          seconds=round(_now() - begin, 1), model=model)
-            matmul = measure_matmul(device, args.cpu)
-            share = training_share(ladder, matmul, flops_per_image(model)) if "error" not in ladder else {}
-        if why:
-            print(f"  ladder ({model}) not measured on this hardware: {why}", flush=True)
-            if "rungs" not in ladder:
-                ladder = {"not_run": why}
-
-    traced = traces is not None and "error" not in traces
-    if ladder_here() and (not traced or args.rerun):  # after the notebooks and the ladder, as the budget allows
-        if left_s() < TRACES_S:
-            print(f"  per-rank traces not recorded: {left_s():.0f} s of the budget left; the next run records them",
-                  flush=True)
-        else:
-            print("  per-rank traces (train.py --trace-dir, read by course_utils.traces and HTA) ...", flush=True)
-            traces = {**run_traces(args.out, len(machine["env"].get("gpus") or []), args.cpu,
-                                   min(300, left_s()), main_profile),
-                      "hardware": hardware, "profile": main_profile, "date": started, "torch": machine["env"]["torch"]}
-    print(f"\n{markdown(save())}\nwritten: {args.out / 'report.md'} and report.json", flush=True)
-    if ran or "rungs" in ladder and ladder.get("date") == started or (traces or {}).get("date") == started:
-        record = make_record(started, machine, ", ".join(passes), [latest[p][n] for p, n in ran], ladder, matmul,
-                             share, argv, args.cpu, traces)
-        path = args.out / gpu_records.record_name(started, hardware)
-        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
-        print(f"this run's record: {path}; commit it: cp {path} {args.records}/ and "
-              "python scripts/gpu_records.py --write (the README's and INSTRUCTORS.md's tables)", flush=True)
-    todo = [f"{n} ({p})" for p in passes for n in notebooks if not current_here(latest[p].get(n), hardware, p)]
-    todo += [] if ladder_here() else ["the ladder"]
-    if todo:
-        print(f"left for the next run: {', '.join(todo)}; `make gpu-check` again resumes there", flush=True)
-    failed = [n for p in passes for n in notebooks if not latest[p][n]["passed"]] + (["the ladder"] if "error" in ladder
-                                                                                     else [])
-    return 0 if not todo and not failed else 1
+    check = Check(args, argv, machine, notebooks, t0)
+    check.print_plan()
+    for profile in check.passes:
+        check.run_pass(profile)
+    check.measure_ladder()
+    check.record_traces()
+    return check.finish()
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ current code is skipped. Within each, the notebooks never run on a GPU in full f
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
+
+import gpu_records
 
 # never run on a GPU in the full profile (01, 02, 04, 08, 11, 12), then 06 and 07 (stopped by leases' budgets)
 PRIORITY = ("01", "02", "04", "08", "11", "12", "06", "07")
@@ -72,3 +75,38 @@ def need_s(r: Mapping[str, Any] | None, hardware: str, profile: str) -> float:
     """The budget a notebook needs left to start: its time here and a fifth, or MIN_START_S never timed here."""
     estimate = estimate_s(r, hardware, profile)
     return MIN_START_S if estimate is None else 1.2 * estimate
+
+
+def resume(previous: dict[str, Any], on_record: list[dict[str, Any]], hardware: str, profiles: list[str],
+           content: dict[str, str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each profile's latest result per notebook: this folder's report, or the committed records where newer; each
+    marked ``older_code`` where the notebook's code has changed since it ran."""
+    latest: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in profiles}
+    for r in previous.get("notebooks", []):
+        latest.setdefault(r.get("profile") or "full", {})[r["notebook"]] = r
+    for profile, results in latest.items():
+        for name, r in gpu_records.results_from_records(on_record, profile).items():
+            mine = results.get(name)
+            if mine is None or not ran_here(mine, hardware, profile) or str(mine.get("date")) < r["date"]:
+                results[name] = r
+        for name, r in results.items():  # a result counts for the code it ran
+            r["older_code"] = name in content and r.get("content") != content[name]
+    return latest
+
+
+def run_in_turn(order: list[str], jobs: int, need_s: Any, left_s: Any, start: Any, done: Any, skip: Any) -> None:
+    """Start each of ``order``, ``jobs`` at a time, while the budget still has ``need_s(name)`` seconds left
+    (``skip(name)`` where not); ``done(name, result)`` in this thread as each ends."""
+    pending, running = list(order), {}
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            while pending and len(running) < jobs:
+                name = pending.pop(0)
+                if left_s() < need_s(name):
+                    skip(name)
+                else:
+                    running[pool.submit(start, name)] = name
+            if running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    done(running.pop(future), future.result())

@@ -18,13 +18,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from plain_parts import build_model, get_dataset
+from plain_parts import build_model, evaluate, get_dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=64, help="per rank: a step averages ranks x this")
 parser.add_argument("--lr", type=float, default=0.01)
 parser.add_argument("--n-train", type=int, default=4096, help="images of the offline data set")
+parser.add_argument("--n-val", type=int, default=1024, help="held-out images of the offline data set")
 parser.add_argument("--data", default=None, help="a folder with torchvision's MNIST, instead of the offline data")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
 args = parser.parse_args()
@@ -53,6 +54,8 @@ dataset = get_dataset(args.n_train, args.data)
 sampler = DistributedSampler(dataset, shuffle=True, seed=0, drop_last=True)  # a disjoint 1/world of it per rank
 loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                     num_workers=args.workers, pin_memory=device.type == "cuda")
+val_set = get_dataset(args.n_val, args.data, train=False)  # each rank scores its 1/world: no shuffle, no drop
+val_loader = DataLoader(val_set, batch_size=256, sampler=DistributedSampler(val_set, shuffle=False))
 
 for epoch in range(args.epochs):
     sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
@@ -68,9 +71,12 @@ for epoch in range(args.epochs):
         total += loss.detach()
         steps += 1
     dist.all_reduce(total)  # the mean over every rank's batches, not rank 0's alone
+    held_out = evaluate(model, val_loader, device)
+    dist.all_reduce(held_out)  # sums, added over the ranks: the whole held-out set's loss and accuracy
     if rank == 0:  # one rank prints
         print(f"epoch {epoch}: loss {total.item() / world / steps:.4f} ({steps} steps of {world} x "
-              f"{args.batch_size} images on {world} ranks)", flush=True)
+              f"{args.batch_size} images on {world} ranks); held-out loss {held_out[0] / held_out[2]:.4f}, "
+              f"accuracy {held_out[1] / held_out[2]:.1%}", flush=True)
 
 # a check worth keeping while you convert a script: DDP keeps every rank's weights identical
 weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])

@@ -19,13 +19,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from plain_parts import build_model, get_dataset
+from plain_parts import build_model, evaluate, get_dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=64, help="per rank: a step averages ranks x this")
 parser.add_argument("--lr", type=float, default=0.01)
 parser.add_argument("--n-train", type=int, default=4096, help="images of the offline data set")
+parser.add_argument("--n-val", type=int, default=1024, help="held-out images of the offline data set")
 parser.add_argument("--data", default=None, help="a folder with torchvision's MNIST, instead of the offline data")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
 parser.add_argument("--ckpt", default=os.path.join(os.environ.get("RUN_DIR", "runs/plain_resumable"), "last.pt"),
@@ -74,6 +75,8 @@ dataset = get_dataset(args.n_train, args.data)
 sampler = DistributedSampler(dataset, shuffle=True, seed=0, drop_last=True)  # a disjoint 1/world of it per rank
 loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
                     num_workers=args.workers, pin_memory=device.type == "cuda")
+val_set = get_dataset(args.n_val, args.data, train=False)  # each rank scores its 1/world: no shuffle, no drop
+val_loader = DataLoader(val_set, batch_size=256, sampler=DistributedSampler(val_set, shuffle=False))
 
 
 
@@ -86,8 +89,7 @@ def save(epoch: int, batch: int) -> None:
         epoch, batch = epoch + 1, 0
     state = {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "scaler": scaler.state_dict(),
              "rng": torch.get_rng_state(), "epoch": epoch, "batch": batch}  # batch: steps done in that epoch
-    # yours may hold more that changes as it trains: an LR scheduler's state_dict(), Python's or NumPy's RNG
-    # (random.getstate(), numpy.random.get_state()) where your augmentations draw from them
+    # yours may need more: an LR scheduler's state_dict(), Python's or NumPy's RNG if augmentations draw from them
     if use_gpu:
         state["cuda_rng"] = torch.cuda.get_rng_state(device)
     os.makedirs(os.path.dirname(os.path.abspath(args.ckpt)), exist_ok=True)
@@ -138,9 +140,12 @@ for epoch in range(start_epoch, args.epochs):
             print(f"stopped on SIGUSR1 in epoch {epoch}, after batch {batch + 1}; saved {args.ckpt}", flush=True)
         break
     dist.all_reduce(total)  # the mean over every rank's batches, not rank 0's alone
+    held_out = evaluate(model, val_loader, device)
+    dist.all_reduce(held_out)  # sums, added over the ranks: the whole held-out set's loss and accuracy
     if rank == 0:  # one rank prints
         print(f"epoch {epoch}: loss {total.item() / world / steps:.4f} ({steps} steps of {world} x "
-              f"{args.batch_size} images on {world} ranks)", flush=True)
+              f"{args.batch_size} images on {world} ranks); held-out loss {held_out[0] / held_out[2]:.4f}, "
+              f"accuracy {held_out[1] / held_out[2]:.1%}", flush=True)
     save(epoch + 1, 0)
 
 # a check worth keeping while you convert a script: DDP keeps every rank's weights identical

@@ -10,13 +10,14 @@ import argparse
 import torch
 from torch.utils.data import DataLoader
 
-from plain_parts import build_model, get_dataset
+from plain_parts import build_model, evaluate, get_dataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--batch-size", type=int, default=64)
 parser.add_argument("--lr", type=float, default=0.01)
 parser.add_argument("--n-train", type=int, default=4096, help="images of the offline data set")
+parser.add_argument("--n-val", type=int, default=1024, help="held-out images of the offline data set")
 parser.add_argument("--data", default=None, help="a folder with torchvision's MNIST, instead of the offline data")
 parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
 args = parser.parse_args()
@@ -34,6 +35,7 @@ opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 dataset = get_dataset(args.n_train, args.data)
 loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True,
                     num_workers=args.workers, pin_memory=device.type == "cuda")
+val_loader = DataLoader(get_dataset(args.n_val, args.data, train=False), batch_size=256)
 
 for epoch in range(args.epochs):
     total, steps = torch.zeros((), device=device), 0
@@ -47,5 +49,6 @@ for epoch in range(args.epochs):
         scaler.update()
         total += loss.detach()
         steps += 1
-    print(f"epoch {epoch}: loss {total.item() / steps:.4f} ({steps} steps of {args.batch_size} images on {device})",
-          flush=True)
+    loss_sum, correct, seen = evaluate(model, val_loader, device).tolist()
+    print(f"epoch {epoch}: loss {total.item() / steps:.4f} ({steps} steps of {args.batch_size} images on {device}); "
+          f"held-out loss {loss_sum / seen:.4f}, accuracy {correct / seen:.1%}", flush=True)

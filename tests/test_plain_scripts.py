@@ -30,7 +30,7 @@ def test_the_series_is_plain_torch_and_each_script_a_diff_of_the_one_before():
         assert not [m for m in imported if m.startswith("course_utils")], f"{name} stays the researcher's own"
     ddp = (SCRIPTS / "plain_ddp.py").read_text().splitlines()
     resumable = (SCRIPTS / "plain_resumable.py").read_text().splitlines()
-    assert len(resumable) < 160, "plain_resumable.py reads in one sitting"
+    assert len(resumable) < 170, "plain_resumable.py reads in one sitting (plain_ddp.py and about 70 lines)"
     body = [line for line in ddp[ddp.index("import argparse"):] if line.strip()]
     # it adds lines, and changes only how the group is formed (a store prefix per torchrun restart)
     assert sum(line in resumable for line in body) >= 0.9 * len(body), "plain_resumable.py keeps plain_ddp.py's lines"
