@@ -4,6 +4,7 @@ and their job files did."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -271,8 +272,6 @@ def check_asha_against_fifo(asha_rows: list[dict], fifo_rows: list[dict], asha: 
                             bad: tuple[float, float], on_gpu: bool) -> None:
     """08: the same draws searched with ASHA and run to the end (FIFO), and a deliberately bad configuration, all
     scored on the same held-out images. ``*_rows``: tuning.trials; ``asha``, ``fifo``: their summaries."""
-    import math
-
     to_the_end = {str(r["config"]): r["val_loss"] for r in fifo_rows}
     same = 2e-2 if on_gpu else 1e-6  # bit for bit on a CPU, within a GPU's nondeterministic kernels
     wrongly_stopped = [r for r in asha_rows if r["status"] == "stopped early" and not any(
