@@ -84,3 +84,195 @@ def test_a_requeued_lightning_job_resumed_at_its_step_passes_and_one_that_restar
         check_lightning_jobs(BAD, 2, _good(resumed_at=0), 3, 32)  # began its epochs again
     with pytest.raises(ClaimFailed, match="every step once"):
         check_lightning_jobs(BAD, 2, _good(final_steps=116), 3, 32)  # trained the stopped epoch's steps twice
+
+
+# --------------------------------------------------------------------------- #
+# 07: the ZeRO stages and FSDP2 (course_utils.checks.sharding)
+# --------------------------------------------------------------------------- #
+PSI, N = 3_946_506, 2
+
+
+def _stages():
+    from course_utils.sharding import STAGES, zero_theory
+
+    rows = {}
+    for s in STAGES:
+        theory = zero_theory(PSI, N, s)
+        rows[s] = {"memory": dict(theory), "theory": theory, "ranks_agree": True, "train_loss": [2.3, 2.1]}
+    return rows
+
+
+def test_zero_stages_at_the_theory_pass_and_a_stage_that_did_not_shard_fails():
+    from course_utils.checks import check_zero_stages
+
+    check_zero_stages(_stages(), N)
+    stages = _stages()
+    stages[2]["memory"]["gradients"] *= N  # stage 2 left its gradients whole
+    with pytest.raises(ClaimFailed, match="theory's bytes"):
+        check_zero_stages(stages, N)
+
+
+def _counted(stage, factor=1.0, dtype="bfloat16"):
+    from course_utils.sharding import deepspeed_comm
+
+    want = deepspeed_comm(PSI, N, stage, "bf16", 2)
+    return {"logger": {op: {"sent": b * factor} for op, b in want.items()},
+            "dispatcher": {op: {"sent": b * factor, "by_dtype": {dtype: b * factor}} for op, b in want.items()}}
+
+
+@pytest.mark.parametrize("factor, dtype, claim", [(2.0, "bfloat16", "within 1%"), (1.0, "float32", "weights' dtype")])
+def test_zero_comm_counts_deepspeeds_collectives_and_rejects_a_doubled_count_or_another_dtype(factor, dtype, claim):
+    from course_utils.checks import check_zero_comm
+
+    stages = {s: {"collectives": _counted(s)} for s in range(4)}
+    check_zero_comm(stages, PSI, N, "bf16", 2, wire="bfloat16")
+    stages[3] = {"collectives": _counted(3, factor, dtype)}
+    with pytest.raises(ClaimFailed, match=claim):
+        check_zero_comm(stages, PSI, N, "bf16", 2, wire="bfloat16")
+
+
+def test_zero_resume_that_loaded_the_first_runs_weights_passes_and_a_fresh_start_fails():
+    from course_utils.checks import check_zero_resume
+
+    first = {"global_step": 8, "final_weights": "ab12"}
+    second = {"resumed_from": {"step": 8, "weights": "ab12"}, "global_step": 16, "train_loss": [2.3, 2.1],
+              "consolidated_max_abs_diff": 0.0}
+    check_zero_resume(first, second, {"train_loss": [2.3, 2.1]}, on_gpu=False)
+    with pytest.raises(ClaimFailed, match="loaded the weights"):  # same steps and losses, its own weights
+        check_zero_resume(first, {**second, "resumed_from": {"step": 8, "weights": "cd34"}}, {"train_loss": [2.3, 2.1]},
+                          on_gpu=False)
+
+
+def test_fsdp_holding_unsharded_gradients_when_syncing_every_micro_batch_fails():
+    from course_utils.checks import check_fsdp_against_zero3
+
+    zero3 = {"memory": {"params": 2 * PSI / N, "gradients": 2 * PSI / N, "optimizer": 12 * PSI / N}, "global_step": 8,
+             "val_loss": 2.0}
+    fsdp = {"psi": PSI, "memory": {"params": 4 * PSI / N, "gradients": 4 * PSI / N, "optimizer": 8 * PSI / N},
+            "ranks_agree": True, "global_step": 8, "val_loss": 2.01}
+    unsynced = {**fsdp, "memory": {**fsdp["memory"], "gradients": 4 * PSI}}
+    check_fsdp_against_zero3(fsdp, unsynced, zero3, N, on_gpu=False)
+    with pytest.raises(ClaimFailed, match="ZeRO-3's total"):
+        check_fsdp_against_zero3(unsynced, unsynced, zero3, N, on_gpu=False)
+
+
+# --------------------------------------------------------------------------- #
+# 09: the pipeline, tensor and sequence parallelism (course_utils.checks.parallelism)
+# --------------------------------------------------------------------------- #
+def _pipe(interleaved=(0.31, 0.19, 0.13)):
+    from course_utils.pipeline import bubble_theory
+
+    rows = [{"schedule": name, "chunks": 1, "microbatches": m, "bubble": bubble_theory(4, m) + 0.01, "bare_s": 0.02,
+             "step_s": 0.5, "order_theory": None, "events": []} for name in ("gpipe", "1f1b") for m in (4, 8, 16)]
+    rows += [{"schedule": "interleaved", "chunks": 2, "microbatches": m, "bubble": b, "bare_s": 0.03, "step_s": 0.6,
+              "order_theory": None, "events": []} for m, b in zip((4, 8, 16), interleaved)]
+    gaps = {"loss_diff": 1e-7, "param_diff": 1e-8}
+    return {"stages": 4, "against_unsplit": {"gpipe": gaps, "1f1b": gaps, "interleaved": gaps}, "timed": rows}
+
+
+def test_pipeline_on_its_formula_passes_and_interleaving_that_waited_longer_fails():
+    from course_utils.checks import check_pipeline
+
+    check_pipeline(_pipe(), on_gpu=False)
+    with pytest.raises(ClaimFailed, match="interleaving waited less"):
+        check_pipeline(_pipe(interleaved=(0.45, 0.19, 0.13)), on_gpu=False)
+
+
+def test_interleaved_run_against_a_formula_rejects_1f1bs():
+    from course_utils import solutions
+    from course_utils.checks import check_interleaved_run
+    from course_utils.pipeline import bubble_theory
+
+    rows = [r for r in _pipe()["timed"] if r["schedule"] == "interleaved"]
+    check_interleaved_run(rows, 4, solutions.interleaved_bubble)
+    with pytest.raises(ClaimFailed, match="your formula"):
+        check_interleaved_run(rows, 4, lambda p, m, v: bubble_theory(p, m))  # the chunks left out
+
+
+def _tp(sp_forward=None):
+    theory = {"forward_calls": 4, "backward_calls": 4, "forward_bytes": 8192, "backward_bytes": 8192}
+    megatron = {"output_gap": 1e-7, "input_grad_gap": 1e-7, "forward": {"all_reduce": 4}, "backward": {"all_reduce": 4},
+                "forward_bytes": {"all_reduce": 8192}, "backward_bytes": {"all_reduce": 8192},
+                "params_this_rank": 50, "params_whole": 100}
+    shape = {"blocks": 2, "batch": 4, "seq": 16, "hidden": 64}
+    norms = 2 * 2 * 4 * 16 * 64 * 4
+    sp = {**megatron, "forward": sp_forward or {"all_gather_into_tensor": 4, "reduce_scatter_tensor": 4},
+          "forward_bytes": {"all_gather_into_tensor": 4096, "reduce_scatter_tensor": 8192}, "saved_bytes": 100_000 - norms // 2}
+    return {"tp": 2, "theory": theory, "by_hand": {"output": 1e-7, "input_grad": 1e-7, "weight_grads": 1e-7},
+            "train_loss_gap": 1e-7, "shape": shape,
+            "dtensor": {"each layer's own input": {**megatron, "backward": {"all_reduce": 6}},
+                        "inputs as one DTensor": {**megatron, "saved_bytes": 100_000}, "sequence parallel": sp}}
+
+
+def test_tensor_and_sequence_parallel_runs_pass_and_a_sequence_plan_left_on_all_reduces_fails():
+    from course_utils.checks import check_sequence_parallel, check_tensor_parallel
+
+    check_tensor_parallel(_tp(), on_gpu=False)
+    check_sequence_parallel(_tp(), on_gpu=False)
+    with pytest.raises(ClaimFailed, match="became a reduce-scatter"):
+        check_sequence_parallel(_tp(sp_forward={"all_reduce": 4}), on_gpu=False)
+
+
+# --------------------------------------------------------------------------- #
+# 10: data (course_utils.checks.data)
+# --------------------------------------------------------------------------- #
+def test_the_workers_rule_passes_where_it_held_and_fails_where_one_worker_fewer_kept_up():
+    from course_utils.checks import check_workers_rule
+
+    compute = {"worker_ms / 0.8": 12.5, "worker_ms / 1.6": 6.25, "worker_ms / 3.2": 3.125}
+    au = {"worker_ms / 0.8": {0: 0.4, 1: 0.95, 2: 0.97, 4: 0.97},  # the rule: 1 worker
+          "worker_ms / 1.6": {0: 0.3, 1: 0.6, 2: 0.93, 4: 0.95},  # 2
+          "worker_ms / 3.2": {0: 0.2, 1: 0.3, 2: 0.6, 4: 0.9}}
+    check_workers_rule(au, compute, 10.0, 0.2, (0, 1, 2, 4), cores=3, expected=0.9)
+    au["worker_ms / 1.6"][1] = 0.95  # one worker kept up where the rule asked for two
+    with pytest.raises(ClaimFailed, match="one worker fewer"):
+        check_workers_rule(au, compute, 10.0, 0.2, (0, 1, 2, 4), cores=3, expected=0.9)
+
+
+def test_webdataset_that_dealt_even_counts_fails_the_whole_shards_claim():
+    from course_utils.checks import check_webdataset
+
+    drawn = {r: [f"k{i}" for i in range(341)] for r in range(3)}
+    check_webdataset(True, {0: 512, 1: 256, 2: 256}, drawn, 1024, 341)
+    with pytest.raises(ClaimFailed, match="whole shards"):
+        check_webdataset(True, {0: 341, 1: 341, 2: 341}, drawn, 1023, 341)  # even: not whole shards
+
+
+# --------------------------------------------------------------------------- #
+# 11: when things go wrong (course_utils.checks.debugging)
+# --------------------------------------------------------------------------- #
+def test_the_hang_named_by_the_records_passes_and_records_that_blame_rank_0_fail():
+    from types import SimpleNamespace
+
+    from course_utils.checks import check_hang
+
+    hang = SimpleNamespace(returncode=1, output="")
+    records = {0: [{"seq": 2, "op": "all_reduce", "where": "faulty_ddp.py:80"},
+                   {"seq": 3, "op": "all_reduce", "where": "faulty_ddp.py:80"}],
+               1: [{"seq": 2, "op": "all_reduce", "where": "faulty_ddp.py:80"}]}
+    check_hang(hang, records)
+    with pytest.raises(ClaimFailed, match="rank 1's record stops"):
+        check_hang(hang, {0: records[1], 1: records[0]})
+
+
+def test_save_modes_where_the_barrier_did_not_move_the_wait_fail():
+    from types import SimpleNamespace
+
+    from course_utils.checks import check_save_modes
+
+    said = {"plain": ["rank 1: step 3 failed: Timed out", "rank 0: stopped by the launcher at faulty_ddp.py:120; ..."],
+            "barrier": ["rank 1: step 2 failed: Timed out"], "background": []}
+    ended = {"background": SimpleNamespace(returncode=0)}
+    check_save_modes(said, ended, [0.01, 0.02], 120, 5)
+    with pytest.raises(ClaimFailed, match="in the barrier"):
+        check_save_modes({**said, "barrier": ["rank 1: step 3 failed: Timed out"]}, ended, [0.01], 120, 5)
+
+
+def test_step_peaks_without_the_optimizers_state_fail():
+    from course_utils.checks import check_step_peaks
+
+    est = {64: [{"peak": {"optimizer": 0}, "peak_total": 100e6}, {"peak": {"optimizer": 89e6}, "peak_total": 189e6}]}
+    check_step_peaks(est, 89e6, batches=(64,))
+    est[64][1]["peak_total"] = 110e6
+    with pytest.raises(ClaimFailed, match="step 2 peaks higher"):
+        check_step_peaks(est, 89e6, batches=(64,))

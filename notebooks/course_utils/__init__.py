@@ -30,7 +30,7 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     pipeline        pipeline stages, the bubble, the schedules' order (09)
     results         the RESULT line a script ends with, and reading it back; the take-home scripts' lines
     claims          verify(): a section's checks as the claims they verify, one printed line each
-    checks          the claims of the notebooks' runs, one call each (collectives, train.py, the take-home scripts, ...)
+    checks          the claims of the notebooks' runs, one call each, by the notebooks they judge (as exercises)
     events          TensorBoard event files read back, for figures and tests
     waiting         wait_until(): one way to wait with a deadline
     progress        StatusLine: long work's progress in one line, gone from the executed copy when it ends

@@ -96,8 +96,7 @@ class _Timed:
 
 class ImageFiles(Dataset, _Timed):
     """One PNG or JPEG file per image, ``<label>/<name>``: read the bytes, decode with ``torchvision.io``
-    (the libpng and libjpeg that torchvision's wheel bundles; the shards' PNGs are decoded by Pillow, see
-    :mod:`.shards`), normalise."""
+    (the libpng and libjpeg that torchvision's wheel bundles, which decode the shards' PNGs too), normalise."""
 
     def __init__(self, folder: str | Path, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         self.items = [(p, int(p.parent.name)) for p in files_in(folder)]

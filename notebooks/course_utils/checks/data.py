@@ -1,0 +1,92 @@
+"""Notebook 10: the formats read, readers at once, the workers' rule under the DLIO method, the shuffle buffer,
+WebDataset's deal, a staged job and a staged copy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ..claims import verify
+
+PLACES = ("shared", "node-local")
+
+
+def check_formats(written: Mapping, reads: Mapping, n_images: int, per_shard: int) -> None:
+    """Each format written and read for one epoch on each storage (``written``/``reads`` by (place, format))."""
+    verify([
+        (f"the array format is 2 files and the shards {math.ceil(n_images / per_shard)} tar files and a manifest, "
+         f"for {n_images:,} images", written["node-local", "npy"].files == 2
+         and written["node-local", "shards"].files == math.ceil(n_images / per_shard) + 1),
+        ("on both storages the memory-mapped array read faster than the PNG files: nothing to decode",
+         all(reads[p, "npy"]["images_per_s"] > reads[p, "png"]["images_per_s"] for p in PLACES)),
+    ], detail=lambda: str({k: round(v["images_per_s"]) for k, v in reads.items()}))
+
+
+def check_readers_at_once(at_once: Mapping, readers: Sequence[int]) -> None:
+    """Images per second, all readers together, by (place, format, readers)."""
+    verify([(f"a few shards read front to back delivered more images per second than a file per image, with "
+             f"{', '.join(map(str, readers))} readers, on both storages",
+             all(at_once[p, "shards", n] > at_once[p, "png", n] for p in PLACES for n in readers))],
+           detail=lambda: str({k: round(v) for k, v in at_once.items()}))
+
+
+def check_workers_rule(au: Mapping[str, Mapping[int, float]], compute: Mapping[str, float], worker_ms: float,
+                       handover_ms: float, workers: Sequence[int], cores: int, expected: float) -> None:
+    """The DLIO runs: accelerator utilisation ``au[case][workers]`` for each compute time ``compute[case]`` (ms).
+    The rule's ceil(worker_ms / compute_ms) workers are judged only where each has a core and the training process
+    one more; DLIO's bar only where the hand-over leaves room for it (a step of 20 hand-overs or more)."""
+    kept, short, busy = [], [], []
+    for name, compute_ms in compute.items():
+        need = max(1, math.ceil(worker_ms / compute_ms))
+        more = [w for w in workers if w > need]
+        if need in workers and need <= cores - 1 and more:
+            if au[name][need] < max(au[name][w] for w in more) - 0.15:
+                kept.append(name)
+            if compute_ms >= 20 * handover_ms and au[name][need] < expected:
+                busy.append(name)
+    for ratio in (0.8, 1.6, 3.2):  # the cases named after worker_ms / ratio
+        name = f"worker_ms / {ratio:g}"
+        fewer = max(w for w in workers if w < math.ceil(ratio))
+        if name in au and au[name][fewer] >= expected:
+            short.append(name)
+    verify([
+        ("where the cores allow, the rule's workers kept the device as busy as more workers did", not kept),
+        (f"and reached DLIO's {expected:.0%} where the hand-over leaves room for it", not busy),
+        (f"one worker fewer than the rule asks fell short of {expected:.0%}", not short),
+    ], detail=lambda: f"utilisation by case and workers: {dict(au)}")
+
+
+def check_shuffle_buffer(mix: Mapping[int, Sequence[int]], buffer: int) -> None:
+    """Classes per batch from shards written in class order, read without a buffer (0) and with ``buffer``."""
+    none, some = (sum(mix[b]) / len(mix[b]) for b in (0, buffer))
+    verify([
+        (f"without a buffer a batch comes from one or two shards: {none:.1f} classes a batch", none < 3),
+        (f"the buffer of {buffer} mixes the classes of the shards it holds: {some:.1f} a batch", some > 2 * none),
+    ])
+
+
+def check_webdataset(first_same: bool, dealt: Mapping[int, int], drawn: Mapping[int, Sequence[str]], n_images: int,
+                     per_rank: int) -> None:
+    """WebDataset on the course's shards: its first sample, ``split_by_node``'s counts per rank, and the samples
+    each rank drew with ``resampled=True`` and ``.with_epoch(per_rank)``."""
+    verify([
+        ("WebDataset read the course's shards as they are: its first sample is the first image written", first_same),
+        (f"split_by_node dealt whole shards: each of the {n_images:,} samples once, uneven counts per rank",
+         sum(dealt.values()) == n_images and len(set(dealt.values())) > 1),
+        (f"resampled with .with_epoch({per_rank}) gave every rank {per_rank} samples",
+         all(len(keys) == per_rank for keys in drawn.values())),
+    ])
+
+
+def check_staged_job(record: Mapping, staged: Sequence[Mapping], hosts: Sequence[str], log: str) -> None:
+    """The multi_node_srun pattern with COURSE_STAGE: its record, the staging lines of its log, its ranks' hosts."""
+    verify([
+        (f"the job completed on {record['NodeList']}", record["JobState"] == "COMPLETED"),
+        ("data/stage.sh ran one task on each node the ranks ran on",
+         sorted(c["node"] for c in staged) == sorted(hosts)),
+    ], detail=log[-3000:])
+
+
+def check_staged_copy(copied_files: int, source_files: int) -> None:
+    """data/stage.sh --copy, run on this machine: file counts of the copy and of the folder it copied."""
+    verify([(f"the copy holds every file of the folder: {copied_files} of {source_files}", copied_files == source_files)])

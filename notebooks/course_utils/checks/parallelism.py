@@ -1,0 +1,123 @@
+"""Notebook 09: the pipeline's schedules against the unsplit model and the bubble's formula, tensor and sequence
+parallelism against the unsplit blocks and Megatron's count of collectives, FSDP2 on the 2-D mesh, the parameter
+server. The runs are the RESULT dicts of scripts/train_pipeline.py, train_tp.py and rpc_param_server.py."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+from ..claims import verify
+from ..pipeline import bubble_theory
+from ..tensor_parallel import wire_bytes
+
+
+def _same(on_gpu: bool) -> float:
+    """How far two computations of one model may differ: float32 round-off on a CPU; GPUs may compute the split
+    and the whole matmuls differently (TF32)."""
+    return 1e-3 if on_gpu else 1e-5
+
+
+def _sends_slack(row: Mapping[str, float]) -> float:
+    """How far above the formula a measured bubble may lie: what moving the activations and Python cost, measured
+    apart (the step without compute, ``bare_s``), three times over for a busy machine, plus 10 ms."""
+    return (3 * row["bare_s"] + 0.01) / row["step_s"]
+
+
+def check_pipeline(pipe: Mapping, on_gpu: bool) -> None:
+    """train_pipeline.py's run: every schedule against the unsplit model, then its timed steps."""
+    same, p = _same(on_gpu), pipe["stages"]
+    rows = {name: [r for r in pipe["timed"] if r["schedule"] == name] for name in pipe["against_unsplit"]}
+    off_order = [(name, r["microbatches"]) for name, rs in rows.items() for r in rs
+                 if r["order_theory"] and [[e[0] for e in stage] for stage in r["events"]] != r["order_theory"]]
+    off_formula = [(name, r["microbatches"], round(r["bubble"], 3)) for name, rs in rows.items() for r in rs
+                   if r["chunks"] == 1 and not -0.02 <= r["bubble"] - bubble_theory(p, r["microbatches"]) <= _sends_slack(r)]
+    fewest = min(r["microbatches"] for r in rows["interleaved"])
+    inter, plain = (next(r for r in rows[name] if r["microbatches"] == fewest) for name in ("interleaved", "1f1b"))
+    verify([
+        ("every schedule trained the unsplit model: losses and weights equal up to float32 round-off",
+         all(g["loss_diff"] <= same and g["param_diff"] <= same for g in pipe["against_unsplit"].values())),
+        ("under every schedule, more micro-batches made a smaller bubble",
+         all([r["bubble"] for r in rs] == sorted((r["bubble"] for r in rs), reverse=True) for rs in rows.values())),
+        ("each stage ran its forwards and backwards in the order the schedule prescribes (one chunk per rank)",
+         not off_order),
+        ("GPipe's and 1F1B's bubbles follow (p-1)/(m+p-1), above it by no more than the sends and Python cost",
+         not off_formula),
+        (f"at the fewest micro-batches ({fewest}), interleaving waited less than 1F1B: {inter['bubble']:.2f} against "
+         f"{plain['bubble']:.2f}", inter["bubble"] < plain["bubble"]),
+    ], detail=lambda: f"out of order: {off_order}; off the formula (schedule, m, bubble): {off_formula}")
+
+
+def check_interleaved_run(rows: Sequence[Mapping], stages: int, bubble: Callable[[int, int, int], float]) -> None:
+    """Section 2's interleaved steps against ``bubble``, the formula the exercise just checked, as tightly as the
+    other schedules were judged against theirs."""
+    off = [(r["microbatches"], round(r["bubble"], 3), round(bubble(stages, r["microbatches"], r["chunks"]), 3))
+           for r in rows if not -0.02 <= r["bubble"] - bubble(stages, r["microbatches"], r["chunks"]) <= _sends_slack(r)]
+    verify([("every interleaved step waited what your formula says, above it by no more than the sends and Python "
+             "cost", not off)], detail=lambda: f"(m, measured, formula): {off}")
+
+
+def check_tensor_parallel(tp: Mapping, on_gpu: bool) -> None:
+    """train_tp.py's run: the MLP split by hand and two DTensor plans, against the unsplit blocks."""
+    same, t, theory = _same(on_gpu), tp["tp"], tp["theory"]
+    megatron = {name: r for name, r in tp["dtensor"].items() if name != "sequence parallel"}
+    one, own = tp["dtensor"]["inputs as one DTensor"], tp["dtensor"]["each layer's own input"]
+    verify([
+        ("split by hand, the MLP computes what the whole one does: output, input and weight gradients",
+         max(tp["by_hand"].values()) <= same),
+        ("both DTensor plans compute the unsplit blocks' output and input gradient",
+         all(r["output_gap"] <= same and r["input_grad_gap"] <= same for r in megatron.values())),
+        (f"and trained as they do, each data-parallel group on its share of the batch: {tp['train_loss_gap']:.1e}",
+         tp["train_loss_gap"] <= same),
+        ("both ran all-reduces and nothing else",
+         all(set(r["forward"]) == set(r["backward"]) == {"all_reduce"} for r in megatron.values())),
+        (f"with the inputs entering once, Megatron's count: {theory['forward_calls']} forward and "
+         f"{theory['backward_calls']} backward, of {theory['forward_bytes']:,} B",
+         (one["forward"]["all_reduce"], one["forward_bytes"]["all_reduce"], one["backward"]["all_reduce"],
+          one["backward_bytes"]["all_reduce"]) == (theory["forward_calls"], theory["forward_bytes"],
+                                                   theory["backward_calls"], theory["backward_bytes"])),
+        (f"with each layer converting its own input, more backward all-reduces ({own['backward']['all_reduce']}): each "
+         "column-parallel layer all-reduces its own input gradient", own["backward"]["all_reduce"] > theory["backward_calls"]),
+        (f"each rank holds about 1/{t} of the weights", one["params_this_rank"] < one["params_whole"] / t * 1.1),
+    ])
+
+
+def check_sequence_parallel(tp: Mapping, on_gpu: bool) -> None:
+    """train_tp.py's sequence-parallel plan against the plan whose inputs enter once as a DTensor."""
+    sp, one, t, theory = tp["dtensor"]["sequence parallel"], tp["dtensor"]["inputs as one DTensor"], tp["tp"], tp["theory"]
+    sent = [sum(wire_bytes(op, n, t) for op, n in r["forward_bytes"].items()) for r in (one, sp)]
+    shape = tp["shape"]
+    norms = 2 * shape["blocks"] * shape["batch"] * shape["seq"] * shape["hidden"] * 4  # 2 norms a block, fp32
+    saved = one["saved_bytes"] - sp["saved_bytes"]
+    verify([
+        ("the sequence-parallel blocks compute the unsplit ones",
+         sp["output_gap"] <= _same(on_gpu) and sp["input_grad_gap"] <= _same(on_gpu)),
+        (f"every all-reduce became a reduce-scatter, and each region's input an all-gather: "
+         f"{theory['forward_calls']} of each forward",
+         sp["forward"] == {"all_gather_into_tensor": theory["forward_calls"],
+                           "reduce_scatter_tensor": theory["forward_calls"]}),
+        (f"the same bytes on the wire, by the ring's formulas: {sent[1]:,.0f} B", math.isclose(*sent, rel_tol=1e-9)),
+        (f"the saved activations fell by {saved:,} B: (t-1)/t of the layer norms' inputs, {(t - 1) / t * norms:,.0f} B",
+         abs(saved - (t - 1) / t * norms) <= 0.1 * norms),
+    ])
+
+
+def check_fsdp_tp(two_d: Mapping, on_gpu: bool) -> None:
+    """train_tp.py on a 2-D mesh: FSDP2 over dp composed with tensor parallel over tp."""
+    f = two_d["fsdp_tp"]
+    verify([
+        (f"FSDP2 on top of the split trained the unsplit blocks: losses {f['loss_gap']:.1e} apart",
+         f["loss_gap"] <= _same(on_gpu)),
+        (f"each rank holds about 1/(dp x t) = 1/{two_d['ranks']} of the weights",
+         f["params_this_rank"] < f["params_whole"] / two_d["ranks"] * 1.1),
+    ])
+
+
+def check_param_server(server: Mapping, steps: int) -> None:
+    """rpc_param_server.py: two trainers, ``steps`` steps each, against rank 0's model."""
+    verify([
+        (f"the server ran a forward pass for each of both trainers' {steps} steps",
+         sorted(server["steps"].values()) == [steps] * 2),
+        (f"its model learned from both: held-out loss {server['held_out_loss_before']:.3f} -> "
+         f"{server['held_out_loss_after']:.3f}", server["held_out_loss_after"] < 0.7 * server["held_out_loss_before"]),
+    ])
