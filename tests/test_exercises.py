@@ -323,18 +323,22 @@ MEASURED_PLANS = [{"worker_ms": 16.64, "compute_ms": c, "cores": 2, "au": au, "h
                                 (5.20, {0: 0.24, 1: 0.33, 2: 0.38}))]
 
 
+def _old_rule(w, c, cores, h):  # the rule of section 2 without the hand-over
+    k = max(1, min(math.ceil(w / c), cores - 1))
+    return k, min(1.0, k * c / w)
+
+
 @pytest.mark.parametrize("wrong", [
-    lambda w, c, cores: (max(1, math.ceil(w / c)), 1.0),                           # the cores forgotten
-    lambda w, c, cores: (max(1, min(math.ceil(w / c), cores)),                     # no core for the training process
-                         min(1.0, max(1, min(math.ceil(w / c), cores)) * c / w)),
-    lambda w, c, cores: (solutions.plan_workers(w, c, cores)[0], 1.0),             # the cap's cost forgotten
-    lambda w, c, cores: (solutions.plan_workers(w, c, cores)[0], c / w),           # as if one worker
-    lambda w, c, cores: (solutions.plan_workers(w, c, cores)[0],                   # over 100% when workers are idle
-                         solutions.plan_workers(w, c, cores)[0] * c / w),
-    lambda w, c, cores: (max(1, min(math.floor(w / c), cores - 1)),                # rounded down
-                         min(1.0, max(1, min(math.floor(w / c), cores - 1)) * c / w)),
-    lambda w, c, cores: (max(1, min(round(w / c), cores - 1)),                   # rounded to the nearest
-                         min(1.0, max(1, min(round(w / c), cores - 1)) * c / w)),
+    lambda w, c, cores, h: (max(1, math.ceil(w / (c + h))), 1.0),                 # the cores forgotten
+    lambda w, c, cores, h: (max(1, min(math.ceil(w / (c + h)), cores)),           # no core for the training process
+                            c / max(c + h, w / max(1, min(math.ceil(w / (c + h)), cores)))),
+    lambda w, c, cores, h: (solutions.plan_workers(w, c, cores, h)[0], 1.0),      # the cap's cost forgotten
+    lambda w, c, cores, h: (solutions.plan_workers(w, c, cores, h)[0], c / w),    # as if one worker
+    _old_rule,                                                                    # the hand-over forgotten
+    lambda w, c, cores, h: (solutions.plan_workers(w, c, cores, h)[0],            # the hand-over in the compute
+                            min(1.0, solutions.plan_workers(w, c, cores, h)[0] * (c + h) / w)),
+    lambda w, c, cores, h: (max(1, min(math.floor(w / (c + h)), cores - 1)),      # rounded down
+                            c / max(c + h, w / max(1, min(math.floor(w / (c + h)), cores - 1)))),
 ])
 def test_plan_workers_checker(wrong):
     exercises.check_plan_workers(solutions.plan_workers, MEASURED_PLANS)
