@@ -23,12 +23,15 @@ def _total(memory: Mapping[str, float]) -> float:
 
 
 def check_zero_estimators(estimate: Mapping[int, float], paper: Mapping[int, float], psi: int, largest: int,
-                          gpus: int) -> None:
-    """DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` (bytes per GPU, no offload) against the
-    course's theory (``paper``) for ``psi`` parameters on ``gpus`` GPUs, ``largest`` the largest layer's size."""
+                          gpus: int, figure_1: Mapping[int, float]) -> None:
+    """The course's theory (``paper``, bytes per GPU by stage) against the ZeRO paper's Figure 1 (``figure_1``, GB as
+    printed there), then DeepSpeed's ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` (bytes per GPU, no
+    offload) against the theory, for ``psi`` parameters on ``gpus`` GPUs, ``largest`` the largest layer's size."""
     extra2 = (18 - 14) * psi / gpus
     extra3 = (18 - 16) * psi / gpus + 4 * largest
     verify([
+        ("the theory gives the paper's Figure 1, to the GB's first decimal, for every stage",
+         all(round(paper[s] / 1e9, 1) == figure_1[s] for s in figure_1)),
         (f"stage 2: DeepSpeed's estimate is the theory plus {extra2 / 1e9:.2f} GB, 18 bytes per parameter over "
          f"{gpus} where the paper shards 14", abs(estimate[2] - paper[2] - extra2) < 0.01e9),
         (f"stage 3: the theory plus {extra3 / 1e9:.2f} GB, 18 bytes over {gpus} where the paper shards 16, and the "
