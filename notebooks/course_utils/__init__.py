@@ -11,6 +11,8 @@ Modules (import what you need; tests/test_repo.py checks every module is listed 
     config          TrainConfig, the one source of training knobs: command line, TOML files, resume checks
     data            data sets (offline synthetic, CIFAR-10, MNIST, tar shards) and loaders; python -m course_utils.data
     models          SmallCNN, ResNet18, build_model()
+    llama           the course's transformer: a small Llama-style decoder, its sizes, its FLOPs per token
+    parallel        every parallelism of the transformer in one short file each, on one mesh; parallelize()
     trainer         the Trainer (DDP, accumulation, checkpoints, stop requests)
     precision       fp32/TF32, bf16, fp16 and autocast
     rng             every random stream, saved and restored with a checkpoint

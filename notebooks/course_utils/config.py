@@ -35,7 +35,8 @@ from .devices import DEVICE_HELP
 from .models import MODELS
 from .precision import PRECISIONS
 
-GROUPS = ("data", "training", "speed", "output")
+GROUPS = ("data", "training", "speed", "output", "transformer")
+IMAGE_GROUPS = GROUPS[:4]  # the image scripts' flags; scripts/train_lm.py adds the transformer's
 OPTIMIZERS = ("sgd", "adamw")
 
 
@@ -110,6 +111,20 @@ class TrainConfig:
     log_every: int = knob(10, "output", "log the loss every N steps", minimum=1)
     untimed_steps: int = knob(2, "output", "first steps of an epoch left out of images/s (cuDNN autotuning, "
                               "compile, worker start-up)", minimum=0)
+    # the transformer (scripts/train_lm.py): its text, its size, and how its ranks split it
+    text: str = knob("stdlib", "transformer", "a text file to train on, as bytes; stdlib: this Python's own "
+                     "sources, on every machine", same_on_resume=True)
+    lm_size: str = knob("tiny", "transformer", "the decoder's size (course_utils.llama.LM_SIZES)",
+                        choices=("tiny", "small", "base"), same_on_resume=True)
+    seq_len: int = knob(64, "transformer", "tokens per sequence", minimum=2, same_on_resume=True)
+    steps: int = knob(20, "transformer", "train until this many optimiser steps are done", minimum=1)
+    dp_shard: int = knob(1, "transformer", "ranks that shard the weights (FSDP2)", minimum=1)
+    dp_replicate: int = knob(1, "transformer", "replicas of the sharded model (HSDP: with --dp-shard, "
+                             "shard within a node, replicate across)", minimum=1)
+    tp: int = knob(1, "transformer", "tensor-parallel ranks (heads and hidden units split; a node's GPUs)",
+                   minimum=1)
+    ac: str = knob("none", "transformer", "activation checkpointing per block: recompute all of it, or only "
+                   "the cheap ops", choices=("none", "selective", "full"))
 
 
 # --------------------------------------------------------------------------- #
@@ -149,18 +164,18 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Every :class:`TrainConfig` field as a flag, in its help group, plus ``--config FILE``.
+def add_config_args(parser: argparse.ArgumentParser, groups: tuple[str, ...] = IMAGE_GROUPS) -> None:
+    """Every :class:`TrainConfig` field of ``groups`` as a flag, in its help group, plus ``--config FILE``.
 
     The flags' defaults are left unset so that :func:`config_from_args` can
     tell a flag given on the command line (it wins) from a config file's value.
     """
-    groups = {g: parser.add_argument_group(g) for g in GROUPS}
-    groups["output"].add_argument("--config", type=Path, default=None,
+    sections = {g: parser.add_argument_group(g) for g in groups}
+    sections["output"].add_argument("--config", type=Path, default=None,
                                   help="a TOML file of these settings; flags given here override it")
     defaults = TrainConfig()
     for f in fields(TrainConfig):
-        if not f.metadata.get("flag"):
+        if not f.metadata.get("flag") or f.metadata["group"] not in groups:
             continue
         default = getattr(defaults, f.name)
         help_ = f.metadata["help"] + ("" if default is None else f" (default: {default})")
@@ -172,7 +187,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         else:
             kwargs["type"] = _arg_type(f)
             kwargs["metavar"] = f.name.upper()
-        groups[f.metadata["group"]].add_argument(_flag(f.name), **kwargs)
+        sections[f.metadata["group"]].add_argument(_flag(f.name), **kwargs)
 
 
 def _arg_type(f: dataclasses.Field) -> Any:
@@ -214,9 +229,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return settings
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Defaults, then the ``--config`` file, then the flags given: the run's :class:`TrainConfig`."""
-    settings = load_config_file(args.config) if getattr(args, "config", None) else {}
+def config_from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> TrainConfig:
+    """Defaults (``defaults``: a script's own, over :class:`TrainConfig`'s), then the ``--config`` file, then
+    the flags given: the run's :class:`TrainConfig`."""
+    settings = dict(defaults or {})
+    settings.update(load_config_file(args.config) if getattr(args, "config", None) else {})
     names = {f.name for f in fields(TrainConfig)}
     settings.update({k: v for k, v in vars(args).items() if k in names})
     return TrainConfig(**settings)

@@ -1,5 +1,6 @@
 """Datasets and DataLoaders for the course: ``synthetic`` (the generator), ``sources`` (every data
-set behind :func:`get_datasets`, downloads), ``loaders`` (DataLoaders) and the download command line.
+set behind :func:`get_datasets`, downloads), ``loaders`` (DataLoaders), ``text`` (byte tokens for the
+transformer, scripts/train_lm.py) and the download command line.
 
 Three sources, one interface (:func:`get_datasets`):
 

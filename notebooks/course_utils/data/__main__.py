@@ -1,4 +1,5 @@
-"""Command line: ``python -m course_utils.data download cifar10 --root DIR`` (on a login node);
+"""Command line: ``python -m course_utils.data download cifar10 --root DIR`` (on a login node; ``tinyshakespeare``
+for scripts/train_lm.py's --text);
 ``python -m course_utils.data shard synthetic --out DIR`` (tar shards, notebook 10)."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for cmd, help_ in (("download", "download a data set"), ("check", "check it is on disk")):
         p = sub.add_parser(cmd, help=help_)
-        p.add_argument("name", choices=("cifar10", "mnist"))
+        p.add_argument("name", choices=("cifar10", "mnist", "tinyshakespeare") if cmd == "download"
+                       else ("cifar10", "mnist"))
         p.add_argument("--root", type=Path, default=default_data_root(),
                        help="target folder (default: $COURSE_DATA or the repo's data/)")
     p = sub.add_parser("shard", help="write a data set as tar shards, OUT/train and OUT/val (notebook 10; "
@@ -59,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "download":
         try:
+            if args.name == "tinyshakespeare":  # text for scripts/train_lm.py --text
+                from .text import download_text
+
+                path = download_text(args.root)
+                print(f"{args.name} is ready: scripts/train_lm.py --text {path}")
+                return 0
             root = download(args.name, args.root)
         except Exception as exc:  # offline node, proxy, full quota: say it in one line
             print(f"download of {args.name} into {args.root} failed: {exc}\n"

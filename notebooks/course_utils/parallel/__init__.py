@@ -1,0 +1,18 @@
+"""Every parallelism of the course's transformer in one short file, all on one mesh (``scripts/train_lm.py``)::
+
+    dims            ParallelDims: the degrees, checked against the world size and the model; the named mesh
+    fsdp            apply_fsdp: FSDP2 per block, mixed precision, HSDP on a 2-D mesh, CPU offload
+    tensor          apply_tp: Megatron's plans for attention and SwiGLU, sequence-parallel norms, a vocab-split
+                    embedding and head for loss_parallel
+    checkpointing   apply_ac: activation checkpointing per block, full or selective
+    parallelize     parallelize(model, dims, mesh): them all, in torchtitan's order
+"""
+
+from .checkpointing import AC_MODES, apply_ac
+from .dims import MESH_DIMS, ParallelDims
+from .fsdp import apply_fsdp
+from .parallelize import parallelize
+from .tensor import apply_tp, block_plan, outer_plan
+
+__all__ = ["AC_MODES", "MESH_DIMS", "ParallelDims", "apply_ac", "apply_fsdp", "apply_tp", "block_plan", "outer_plan",
+           "parallelize"]

@@ -1,0 +1,49 @@
+"""Activation checkpointing per transformer block, through torch's ``checkpoint_wrapper``.
+
+``full``: a block keeps only its input; the backward pass runs its forward again. ``selective``: a block keeps
+the outputs of its matmuls and of attention (the expensive ops) and recomputes the cheap ones between them
+(norms, RoPE, SiLU, the products), which hold as many bytes but cost few FLOPs (Korthikanti et al., 2022;
+torchtitan's op-level policy, simplified).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+AC_MODES = ("none", "selective", "full")
+
+
+def _saved_ops() -> set:
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_dot_product_flash_attention.default,
+           aten._scaled_dot_product_efficient_attention.default}
+    for name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"):
+        op = getattr(aten, name, None)  # not in every build
+        ops |= {op.default} if op is not None else set()
+    return ops
+
+
+def _policy(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _saved_ops() else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_ac(model: nn.Module, mode: str) -> None:
+    """Wrap each of ``model.layers`` for ``mode`` (``none``, ``selective`` or ``full``)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    if mode not in AC_MODES:
+        raise ValueError(f"--ac takes {', '.join(AC_MODES)}, not {mode!r}")
+    if mode == "none":
+        return
+    for name, block in list(model.layers.items()):
+        if mode == "full":
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+        else:
+            model.layers[name] = checkpoint_wrapper(
+                block, context_fn=partial(create_selective_checkpoint_contexts, _policy), preserve_rng_state=False)

@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""The course's transformer: a small Llama-style decoder trained on bytes of text, split over the ranks by
+``course_utils.parallel`` on one mesh. The same seed and tokens give the same losses in every layout::
+
+    python scripts/train_lm.py --steps 5                                         # one process, unsplit
+    torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --dp-shard 2    # FSDP2
+    torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-shard 2 --tp 2   # FSDP2 x tensor parallel
+    torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-replicate 2 --dp-shard 2   # HSDP
+
+The product of the degrees is the world size. The text is this Python's standard library unless --text
+names a file. Each step prints its loss and tokens/s (and, on a GPU, the model FLOPs utilisation against
+the GPU's measured bf16 matmul rate); the last line is ``RESULT {json}`` with one loss per step
+(``losses``) and the gradients' norm before clipping (``grad_norms``), so two layouts compare from
+the command line. With --ckpt-dir every rank writes its shards
+(torch.distributed.checkpoint) every --ckpt-every-steps and at the end, and a new run resumes from them on
+any layout; SIGUSR1 (Slurm's warning) checkpoints at the next step and stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course_utils import process_group as cdist
+from course_utils.checkpoint import CheckpointError, ensure_writable_dir, latest_sharded, load_sharded, save_sharded
+from course_utils.config import GROUPS, TrainConfig, add_config_args, config_from_args, in_run_dir, resume_mismatch, \
+    unsupported
+from course_utils.data.text import TokenBatches, load_tokens
+from course_utils.devices import PlacementError
+from course_utils.hardware import matmul_tflops, peak_memory_mib
+from course_utils.llama import build_llama, flops_per_token, parameter_counts
+from course_utils.parallel import ParallelDims, parallelize
+from course_utils.precision import autocast, resolve_precision
+from course_utils.preemption import StopRequest
+from course_utils.results import emit_result
+from course_utils.sharding import fsdp_precision
+from course_utils.timing import sync
+from course_utils.trainer import make_optimizer
+
+DEFAULTS = {"optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.1, "batch_size": 8, "precision": "amp"}
+LEFT_OUT = {"dataset", "data_root", "n_train", "n_val", "workers", "pin_memory", "model", "epochs", "momentum",
+            "grad_accum", "scale_lr", "warmup_epochs", "steps_per_epoch", "tf32", "cudnn_benchmark", "channels_last",
+            "compile", "bucket_cap_mb", "grad_as_bucket_view", "log_dir", "trace_dir", "progress"}
+CLIP = 1.0  # the gradients' norm over every shard and rank, clipped: the same in every layout
+VAL_SEQUENCES = 64
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p, GROUPS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = in_run_dir(config_from_args(args, DEFAULTS), logs=False)  # in a course Slurm job: RUN_DIR/ckpt
+        unsupported(cfg, "train_lm.py", LEFT_OUT)
+        with cdist.session(cfg.device, group_of_one=True) as (info, device):  # DCP and the mesh need a group
+            return train(cfg, info, device)
+    except (cdist.RendezvousError, PlacementError) as exc:
+        return fail(str(exc), code=1)
+    except (PermissionError, ValueError, CheckpointError) as exc:
+        return fail(str(exc))
+
+
+def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
+            device: torch.device) -> torch.Tensor:
+    """The mean next-token cross-entropy of this rank's batch; with the vocabulary split (tensor parallel),
+    computed on the shards by ``loss_parallel``. Call ``backward`` inside :func:`loss_context` as well."""
+    with autocast(precision, device):
+        logits = model(x)
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def loss_context(split_vocab: bool) -> contextlib.AbstractContextManager:
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel() if split_vocab else contextlib.nullcontext()
+
+
+def mean_over_ranks(value: torch.Tensor, world: int) -> float:
+    """A loss averaged over the data-parallel ranks (tensor-parallel ranks hold the same one)."""
+    value = value.full_tensor() if hasattr(value, "full_tensor") else value
+    total = value.detach().float().clone()
+    dist.all_reduce(total)
+    return total.item() / world
+
+
+def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
+    world, rank = info.world_size, info.rank
+    dims = ParallelDims(dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp)
+    model = build_llama(cfg.lm_size, seed=cfg.seed)  # the same weights on every rank, then split
+    dims.validate(world, model.shape)
+    precision, note = fsdp_precision(cfg.precision, resolve_precision(cfg.precision, device))
+    if note and rank == 0:
+        print(note, file=sys.stderr, flush=True)
+    mesh = dims.build_mesh(device)
+    model.to(device)
+    bf16 = torch.bfloat16 if precision == "bf16" else None
+    parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16)
+    # FSDP2 casts the gathered weights to bf16 itself; without it, autocast does
+    compute = "fp32" if dims.fsdp_enabled else precision
+    optimizer = make_optimizer(model, cfg, cfg.lr)
+    data = TokenBatches(load_tokens(cfg.text), cfg.seq_len, cfg.batch_size, dims.dp, dims.dp_index(mesh), cfg.seed)
+
+    global_batch = cfg.batch_size * dims.dp
+    losses, grad_norms, step, resumed_from = [], [], 0, None
+    ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
+    saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
+    if saved:
+        progress = load_sharded(saved, model, optimizer)  # this rank's part, whatever layout wrote it
+        # the global batch must stay; how it is dealt to the ranks may change with the layout
+        mismatch = [m for m in resume_mismatch(progress["config"], cfg) if not m.startswith("batch_size ")]
+        if progress["global_batch"] != global_batch:
+            mismatch.append(f"global batch {progress['global_batch']} -> {global_batch} (--batch-size x "
+                            "data-parallel ranks)")
+        if mismatch:
+            raise ValueError(f"{ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+        step, losses, grad_norms = progress["step"], progress["losses"], progress["grad_norms"]
+        resumed_from = {"path": str(saved), "step": step, "layout": progress["layout"]}
+        cdist.print0(f"resumed from {saved} at step {step}, written by {progress['layout']}")
+
+    def save() -> None:
+        save_sharded(ckpt, model, optimizer, {"step": step, "losses": losses, "grad_norms": grad_norms,
+                                              "global_batch": global_batch, "layout": asdict(dims),
+                                              "config": asdict(cfg)})
+
+    tokens_per_step = global_batch * cfg.seq_len
+    fpt = flops_per_token(model.shape, cfg.seq_len)
+    peak = matmul_tflops(torch.bfloat16, device=device) * 1e12 if device.type == "cuda" else None
+    cdist.print0(f"{cfg.lm_size} decoder, {sum(parameter_counts(model.shape).values()) / 1e6:.2f} M "
+                 f"parameters, on {world} rank(s) as {dims}; {tokens_per_step:,} tokens a step, {precision}")
+    stop = StopRequest()
+    stop.install(signal.SIGUSR1)
+    split_vocab = dims.tp_enabled
+    timed_tokens, timed_s, started = 0, 0.0, None
+    model.train()
+    while step < cfg.steps:
+        x, y = (t.to(device) for t in data.batch_at(step))
+        with loss_context(split_vocab):
+            loss = lm_loss(model, x, y, compute, device)
+            loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # over every shard: a DTensor when split
+        grad_norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(mean_over_ranks(loss, world))
+        step += 1
+        sync(device)
+        now = time.perf_counter()
+        if started is not None:  # every step after the first (its time is start-up)
+            timed_tokens, timed_s = timed_tokens + tokens_per_step, timed_s + now - started
+        started = now
+        if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
+            rate = timed_tokens / timed_s if timed_s else 0.0
+            mfu = f", MFU {rate * fpt / world / peak:.1%}" if peak else ""
+            print(f"step {step}/{cfg.steps}: loss {losses[-1]:.4f}, {rate:,.0f} tokens/s{mfu}", flush=True)
+        if ckpt and cfg.ckpt_every_steps and step % cfg.ckpt_every_steps == 0:
+            save()
+        if stop.poll():
+            cdist.print0(f"stop asked ({stop.reason}) after step {step}: checkpointed, exiting")
+            break
+    if ckpt:
+        save()
+
+    model.eval()
+    with torch.no_grad(), loss_context(split_vocab):
+        vx, vy = (t.to(device) for t in data.validation(VAL_SEQUENCES))
+        val_loss = mean_over_ranks(lm_loss(model, vx, vy, compute, device), world)
+    rate = timed_tokens / timed_s if timed_s else None
+    if device.type != "cuda" and rank == 0:
+        print("tokens/s only: MFU needs a GPU's matmul peak (a CPU's varies with its cores, threads and load)",
+              flush=True)
+    emit_result({"trainer": Path(__file__).name, "world_size": world, "layout": asdict(dims), "device": str(device),
+                 "precision": precision, "ac": cfg.ac, "steps": step, "losses": losses,
+                 "grad_norms": grad_norms, "val_loss": val_loss,
+                 "tokens_per_step": tokens_per_step, "tokens_per_s": rate,
+                 "tokens_per_s_per_device": rate / world if rate else None, "flops_per_token": fpt,
+                 "mfu": rate * fpt / world / peak if rate and peak else None, "resumed_from": resumed_from,
+                 "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

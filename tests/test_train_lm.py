@@ -1,0 +1,154 @@
+"""The course's transformer (course_utils.llama) split by course_utils.parallel, checked against the unsplit model.
+
+Every layout trains the same decoder on the same tokens from the same seed, so each must give the unsplit run's
+losses and gradient norms step for step. They are not bit-equal: each layout sums the same numbers in another
+order (FSDP2's reduce-scatter, tensor parallel's all-reduces, the vocabulary's split softmax), so fp32 rounding
+(2^-24 relative per operation) differs, and Adam carries it into the next steps. Four steps of the tiny model
+differed by at most 4e-7 relative on a 2-core machine; the bound is 1e-5, while a layout that drops or
+duplicates one rank's share of the batch moves the second step's loss by about 1e-2.
+"""
+
+import pytest
+import torch
+
+from course_utils.launch import run_script, start_script
+from course_utils.llama import LM_SIZES, build_llama, flops_per_token
+from course_utils.parallel import ParallelDims, apply_ac
+from course_utils.results import parse_result
+
+STEPS = 4
+GLOBAL_BATCH = 16
+RUN = ["--steps", STEPS, "--precision", "fp32", "--log-every", 100]
+REL = 1e-5
+# name: (ranks, flags); --batch-size is per data-parallel rank, so every layout's step takes the same 16 sequences
+LAYOUTS = {
+    "FSDP2": (2, ["--dp-shard", 2]),
+    "TP+SP, loss_parallel": (2, ["--tp", 2]),
+    "HSDP 2x2": (4, ["--dp-replicate", 2, "--dp-shard", 2]),
+    "FSDP2 x TP": (4, ["--dp-shard", 2, "--tp", 2]),
+}
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def _batch(flags):
+    dims = ParallelDims(**{flags[i].lstrip("-").replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)})
+    return ["--batch-size", GLOBAL_BATCH // dims.dp]
+
+
+def _start(flags, nproc=None, *extra):
+    return start_script("train_lm.py", [*RUN, *_batch(flags), *flags, *extra], nproc=nproc, env=ONE_THREAD)
+
+
+def _close(got, want):
+    return all(abs(a - b) <= REL * abs(b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.fixture(scope="module")
+def unsplit():
+    return parse_result(_start([]).wait(timeout_s=180).output)
+
+
+def test_every_layout_trains_the_unsplit_model_step_for_step(unsplit):
+    """FSDP2, tensor parallel with sequence-parallel norms and a vocabulary-split loss, HSDP, and FSDP2 x TP on
+    4 ranks: the losses, the gradients' norms (over every shard) and the held-out loss of the unsplit run."""
+    jobs = {name: _start(flags, nproc) for name, (nproc, flags) in LAYOUTS.items()}  # at once: 12 ranks, 2 cores
+    for name, job in jobs.items():
+        got = parse_result(job.wait(timeout_s=300).output)
+        assert got["world_size"] == LAYOUTS[name][0] and got["tokens_per_step"] == unsplit["tokens_per_step"]
+        assert _close(got["losses"], unsplit["losses"]), (name, got["losses"], unsplit["losses"])
+        assert _close(got["grad_norms"], unsplit["grad_norms"]), (name, got["grad_norms"], unsplit["grad_norms"])
+        assert _close([got["val_loss"]], [unsplit["val_loss"]]), name
+    assert unsplit["losses"][-1] < unsplit["losses"][0] - 0.5, "the decoder learns the bytes"
+
+
+def test_a_run_stopped_on_one_layout_resumes_on_another_where_the_unstopped_run_ends(unsplit, tmp_path):
+    """Two steps on two tensor-parallel ranks, checkpointed (each rank its shards, torch.distributed.checkpoint);
+    the last two on two FSDP2 ranks, which read their own shards of the same tensors; then a run that would
+    change the global batch is refused in one line."""
+    ckpt = ["--ckpt-dir", tmp_path]
+    first = parse_result(start_script("train_lm.py", [*RUN[2:], "--steps", 2, "--batch-size", GLOBAL_BATCH,
+                                                      "--tp", 2, *ckpt], nproc=2, env=ONE_THREAD).wait(180).output)
+    second = parse_result(_start(["--dp-shard", 2], 2, *ckpt).wait(timeout_s=180).output)
+    assert second["resumed_from"]["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    assert first["losses"] == second["losses"][:2] and second["steps"] == STEPS
+    assert _close(second["losses"], unsplit["losses"]), (first["losses"], second["losses"], unsplit["losses"])
+    refused = run_script("train_lm.py", [*RUN, "--steps", STEPS + 1, "--batch-size", 4, *ckpt], check=False,
+                         echo=False)
+    assert refused.returncode == 2
+    assert refused.output.strip().splitlines()[-1] == (
+        f"error: {tmp_path} was written by another run (global batch 16 -> 4 (--batch-size x data-parallel "
+        "ranks)): use a new --ckpt-dir")
+
+
+def test_a_layout_that_does_not_fit_is_refused_with_what_to_change():
+    shape = LM_SIZES["tiny"]
+    assert ParallelDims(dp_shard=2, tp=2).problems(2, shape) == [
+        "--dp-replicate 1 x --dp-shard 2 x --tp 2 = 4 ranks, but 2 were started: make the product the world size"]
+    assert ParallelDims(tp=4).problems(4, shape) == [
+        "--tp 4 does not divide the model's kv_heads (2): each rank holds kv_heads/tp of them"]
+    assert len(ParallelDims(tp=3).problems(3, shape)) == 4, "heads, kv_heads, ffn_hidden and vocab: none divides"
+    tied = build_llama("tiny", tied=True).shape
+    assert ParallelDims(tp=2).problems(2, tied)[-1].startswith("a tied embedding and head cannot be split by --tp")
+    assert ParallelDims(dp_shard=4).problems(4, tied) == [], "FSDP2 shards a tied weight as one parameter"
+
+
+def test_the_flops_per_token_are_the_matmuls_torch_counts_plus_six_per_norm_weight():
+    """flops_per_token against torch's FlopCounterMode over a forward and backward pass (attention through the
+    math kernel, whose two matmuls the counter sees; the other kernels it does not count on a CPU)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for size in ("tiny", "small"):
+        model, seq = build_llama(size), 32
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            model(torch.randint(0, 256, (2, seq))).float().sum().backward()
+        norms = (2 * model.shape.layers + 1) * model.shape.dim  # 6N counts them; they are no matmul
+        assert counter.get_total_flops() / (2 * seq) + 6 * norms == flops_per_token(model.shape, seq), size
+
+
+def _peak_and_grads(mode):
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model = build_llama("tiny")
+    apply_ac(model, mode)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        model(torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(0))).float().logsumexp(-1) \
+            .mean().backward()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"], [p.grad for p in model.parameters()]
+
+
+def test_activation_checkpointing_lowers_the_peak_and_leaves_the_gradients_bit_for_bit():
+    """Full recomputes each block's forward and keeps only its input; selective keeps the matmuls' and
+    attention's outputs: the peak memory falls none > selective > full, the gradients are the same bits."""
+    peaks, grads = zip(*(_peak_and_grads(mode) for mode in ("none", "selective", "full")), strict=True)
+    assert peaks[0] > peaks[1] > peaks[2], peaks
+    for other in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], other, strict=True))
+
+
+def test_the_token_batches_are_the_same_sequences_however_they_are_dealt_and_at_any_step():
+    from course_utils.data.text import TokenBatches
+
+    tokens = torch.arange(10_000) % 256
+    whole = TokenBatches(tokens, 16, 8, seed=3)
+    for step in (0, 5, whole.steps_per_epoch + 1):  # the next epoch reshuffles
+        x, y = whole.batch_at(step)
+        assert torch.equal(y[:, :-1], x[:, 1:])  # the targets are the next tokens
+        parts = [TokenBatches(tokens, 16, 2, dp_ranks=4, dp_index=i, seed=3).batch_at(step)[0] for i in range(4)]
+        assert torch.equal(torch.cat(parts), x), step
+    assert not torch.equal(whole.batch_at(0)[0], whole.batch_at(whole.steps_per_epoch)[0])
+    with pytest.raises(ValueError, match="fewer than one step's 64: use more text"):
+        TokenBatches(tokens[:500], 16, 16, dp_ranks=4)
+
+
+def test_the_text_is_this_python_s_own_sources_and_a_missing_file_says_where_to_get_one(tmp_path):
+    from course_utils.data.text import load_tokens
+
+    tokens = load_tokens("stdlib", max_bytes=100_000)
+    assert len(tokens) == 100_000 and tokens.max() < 256 and bytes(tokens[:200].tolist()).isascii()
+    with pytest.raises(ValueError, match="no such file.*tinyshakespeare, on a login node"):
+        load_tokens(str(tmp_path / "missing.txt"))
+    (tmp_path / "mine.txt").write_text("hello")
+    assert bytes(load_tokens(str(tmp_path / "mine.txt")).tolist()) == b"hello"
