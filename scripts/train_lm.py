@@ -6,6 +6,7 @@
     torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --dp-shard 2    # FSDP2
     torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-shard 2 --tp 2   # FSDP2 x tensor parallel
     torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-replicate 2 --dp-shard 2   # HSDP
+    torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --pp 2 --microbatches 4         # a pipeline
 
 The product of the degrees is the world size. The text is this Python's standard library unless --text
 names a file. Each step prints its loss and tokens/s (and, on a GPU, the model FLOPs utilisation against
@@ -38,7 +39,8 @@ from course_utils.data.text import TokenBatches, load_tokens
 from course_utils.devices import PlacementError
 from course_utils.hardware import matmul_tflops, peak_memory_mib
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
-from course_utils.parallel import ParallelDims, parallelize
+from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, parallelize, pipeline_eval, \
+    pipeline_step
 from course_utils.precision import autocast, resolve_precision
 from course_utils.preemption import StopRequest
 from course_utils.results import emit_result
@@ -78,13 +80,40 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
 
 
-def lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
-            device: torch.device) -> torch.Tensor:
-    """The mean next-token cross-entropy of this rank's batch; with the vocabulary split (tensor parallel),
-    computed on the shards by ``loss_parallel``. Call ``backward`` inside :func:`loss_context` as well."""
-    with autocast(precision, device):
-        logits = model(x)
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token cross-entropy; with the vocabulary split (tensor parallel), computed on the shards by
+    ``loss_parallel``: call it, and ``backward``, inside :func:`loss_context`."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class Step:
+    """This rank's forward and backward of a step's batch, and its loss: the whole model, or its pipeline stage
+    (the loss then on the last stage only, a zero elsewhere)."""
+
+    def __init__(self, model, dims: ParallelDims, mesh, cfg: TrainConfig, precision: str,
+                 device: torch.device) -> None:
+        self.model, self.dims, self.precision, self.device = model, dims, precision, device
+        self.stage = mesh["pp"].get_local_rank()
+        self.schedule = build_schedule(model, self.stage, dims.pp, mesh["pp"], device, cfg.microbatches,
+                                       next_token_loss, cfg.pp_schedule) if dims.pp_enabled else None
+
+    def _mean(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
+
+    def train(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with loss_context(self.dims.tp_enabled), autocast(self.precision, self.device):
+            if self.schedule is not None:
+                return self._mean(pipeline_step(self.schedule, self.stage, self.dims.pp, x, y))
+            loss = next_token_loss(self.model(x), y)
+            loss.backward()
+        return loss
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        with torch.no_grad(), loss_context(self.dims.tp_enabled), autocast(self.precision, self.device):
+            if self.schedule is not None:
+                losses = pipeline_eval(self.schedule, self.stage, self.dims.pp, x, y)
+                return None if losses is None else self._mean(losses)
+            return next_token_loss(self.model(x), y)
 
 
 def loss_context(split_vocab: bool) -> contextlib.AbstractContextManager:
@@ -93,20 +122,21 @@ def loss_context(split_vocab: bool) -> contextlib.AbstractContextManager:
     return loss_parallel() if split_vocab else contextlib.nullcontext()
 
 
-def mean_over_ranks(value: torch.Tensor, world: int) -> float:
-    """A loss averaged over the data-parallel ranks (tensor-parallel ranks hold the same one)."""
+def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
+    """A loss averaged over the data-parallel ranks: the tensor-parallel ranks hold the same one, and in a
+    pipeline only the last stage's ranks hold one (the others add a zero)."""
     value = value.full_tensor() if hasattr(value, "full_tensor") else value
     total = value.detach().float().clone()
     dist.all_reduce(total)
-    return total.item() / world
+    return total.item() / (dims.dp * dims.tp)
 
 
 def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     world, rank = info.world_size, info.rank
-    dims = ParallelDims(dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp)
+    dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp)
     model = build_llama(cfg.lm_size, seed=cfg.seed)  # the same weights on every rank, then split
-    dims.validate(world, model.shape)
-    precision, note = fsdp_precision(cfg.precision, resolve_precision(cfg.precision, device))
+    dims.validate(world, model.shape, cfg.batch_size, cfg.microbatches)
+    precision, note = fsdp_precision(cfg.precision, resolve_precision(cfg.precision, device), "train_lm.py")
     if note and rank == 0:
         print(note, file=sys.stderr, flush=True)
     mesh = dims.build_mesh(device)
@@ -114,7 +144,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     bf16 = torch.bfloat16 if precision == "bf16" else None
     parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16)
     # FSDP2 casts the gathered weights to bf16 itself; without it, autocast does
-    compute = "fp32" if dims.fsdp_enabled else precision
+    run = Step(model, dims, mesh, cfg, "fp32" if dims.fsdp_enabled else precision, device)
     optimizer = make_optimizer(model, cfg, cfg.lr)
     data = TokenBatches(load_tokens(cfg.text), cfg.seq_len, cfg.batch_size, dims.dp, dims.dp_index(mesh), cfg.seed)
 
@@ -147,19 +177,15 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  f"parameters, on {world} rank(s) as {dims}; {tokens_per_step:,} tokens a step, {precision}")
     stop = StopRequest()
     stop.install(signal.SIGUSR1)
-    split_vocab = dims.tp_enabled
     timed_tokens, timed_s, started = 0, 0.0, None
     model.train()
     while step < cfg.steps:
         x, y = (t.to(device) for t in data.batch_at(step))
-        with loss_context(split_vocab):
-            loss = lm_loss(model, x, y, compute, device)
-            loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)  # over every shard: a DTensor when split
-        grad_norms.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item())
+        loss = run.train(x, y)
+        grad_norms.append(clip_grad_norm(model, CLIP, dims, mesh))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(mean_over_ranks(loss, world))
+        losses.append(mean_over_ranks(loss, dims))
         step += 1
         sync(device)
         now = time.perf_counter()
@@ -179,9 +205,11 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         save()
 
     model.eval()
-    with torch.no_grad(), loss_context(split_vocab):
-        vx, vy = (t.to(device) for t in data.validation(VAL_SEQUENCES))
-        val_loss = mean_over_ranks(lm_loss(model, vx, vy, compute, device), world)
+    vx, vy = (t.to(device) for t in data.validation(VAL_SEQUENCES))
+    val = run.evaluate(vx, vy)
+    val_loss = mean_over_ranks(val, dims) if val is not None else None
+    if val is None and rank == 0:
+        print("no held-out loss: this torch's pipeline schedules have no eval()", flush=True)
     rate = timed_tokens / timed_s if timed_s else None
     if device.type != "cuda" and rank == 0:
         print("tokens/s only: MFU needs a GPU's matmul peak (a CPU's varies with its cores, threads and load)",

@@ -26,12 +26,16 @@ LAYOUTS = {
     "TP+SP, loss_parallel": (2, ["--tp", 2]),
     "HSDP 2x2": (4, ["--dp-replicate", 2, "--dp-shard", 2]),
     "FSDP2 x TP": (4, ["--dp-shard", 2, "--tp", 2]),
+    "PP, 1F1B": (2, ["--pp", 2]),
+    "PP x FSDP2": (4, ["--pp", 2, "--dp-shard", 2]),
+    "PP x TP, GPipe": (4, ["--pp", 2, "--tp", 2, "--pp-schedule", "gpipe"]),
 }
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def _batch(flags):
-    dims = ParallelDims(**{flags[i].lstrip("-").replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)})
+    degrees = {flags[i].lstrip("-").replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
+    dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ("pp", "dp_replicate", "dp_shard", "tp")})
     return ["--batch-size", GLOBAL_BATCH // dims.dp]
 
 
@@ -49,9 +53,10 @@ def unsplit():
 
 
 def test_every_layout_trains_the_unsplit_model_step_for_step(unsplit):
-    """FSDP2, tensor parallel with sequence-parallel norms and a vocabulary-split loss, HSDP, and FSDP2 x TP on
-    4 ranks: the losses, the gradients' norms (over every shard) and the held-out loss of the unsplit run."""
-    jobs = {name: _start(flags, nproc) for name, (nproc, flags) in LAYOUTS.items()}  # at once: 12 ranks, 2 cores
+    """FSDP2, tensor parallel with sequence-parallel norms and a vocabulary-split loss, HSDP, a pipeline of two
+    stages (4 micro-batches), and FSDP2 x TP, PP x FSDP2, PP x TP on 4 ranks: the losses, the gradients' norms
+    (over every shard and stage) and the held-out loss of the unsplit run."""
+    jobs = {name: _start(flags, nproc) for name, (nproc, flags) in LAYOUTS.items()}  # at once: 22 ranks, 2 cores
     for name, job in jobs.items():
         got = parse_result(job.wait(timeout_s=300).output)
         assert got["world_size"] == LAYOUTS[name][0] and got["tokens_per_step"] == unsplit["tokens_per_step"]
@@ -62,14 +67,15 @@ def test_every_layout_trains_the_unsplit_model_step_for_step(unsplit):
 
 
 def test_a_run_stopped_on_one_layout_resumes_on_another_where_the_unstopped_run_ends(unsplit, tmp_path):
-    """Two steps on two tensor-parallel ranks, checkpointed (each rank its shards, torch.distributed.checkpoint);
-    the last two on two FSDP2 ranks, which read their own shards of the same tensors; then a run that would
-    change the global batch is refused in one line."""
+    """Two steps on a pipeline of two stages, each split over two tensor-parallel ranks, checkpointed (each rank
+    its stage's shards, torch.distributed.checkpoint); the last two on two FSDP2 ranks, which read their own
+    shards of the same tensors; then a run that would change the global batch is refused in one line."""
     ckpt = ["--ckpt-dir", tmp_path]
     first = parse_result(start_script("train_lm.py", [*RUN[2:], "--steps", 2, "--batch-size", GLOBAL_BATCH,
-                                                      "--tp", 2, *ckpt], nproc=2, env=ONE_THREAD).wait(180).output)
+                                                      "--pp", 2, "--tp", 2, *ckpt], nproc=4,
+                                      env=ONE_THREAD).wait(180).output)
     second = parse_result(_start(["--dp-shard", 2], 2, *ckpt).wait(timeout_s=180).output)
-    assert second["resumed_from"]["layout"] == {"dp_replicate": 1, "dp_shard": 1, "tp": 2}
+    assert second["resumed_from"]["layout"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "tp": 2}
     assert first["losses"] == second["losses"][:2] and second["steps"] == STEPS
     assert _close(second["losses"], unsplit["losses"]), (first["losses"], second["losses"], unsplit["losses"])
     refused = run_script("train_lm.py", [*RUN, "--steps", STEPS + 1, "--batch-size", 4, *ckpt], check=False,
@@ -83,12 +89,17 @@ def test_a_run_stopped_on_one_layout_resumes_on_another_where_the_unstopped_run_
 def test_a_layout_that_does_not_fit_is_refused_with_what_to_change():
     shape = LM_SIZES["tiny"]
     assert ParallelDims(dp_shard=2, tp=2).problems(2, shape) == [
-        "--dp-replicate 1 x --dp-shard 2 x --tp 2 = 4 ranks, but 2 were started: make the product the world size"]
+        "--pp 1 x --dp-replicate 1 x --dp-shard 2 x --tp 2 = 4 ranks, but 2 were started: make the product the "
+        "world size"]
+    assert ParallelDims(pp=4).problems(4, shape, batch=6, microbatches=4) == [
+        "--pp 4 needs at least a block per stage; the model has 2",
+        "--batch-size 6 does not split into --microbatches 4: make it a multiple"]
     assert ParallelDims(tp=4).problems(4, shape) == [
         "--tp 4 does not divide the model's kv_heads (2): each rank holds kv_heads/tp of them"]
     assert len(ParallelDims(tp=3).problems(3, shape)) == 4, "heads, kv_heads, ffn_hidden and vocab: none divides"
     tied = build_llama("tiny", tied=True).shape
     assert ParallelDims(tp=2).problems(2, tied)[-1].startswith("a tied embedding and head cannot be split by --tp")
+    assert ParallelDims(pp=2).problems(2, tied)[-1].startswith("a tied embedding and head cannot be cut by --pp")
     assert ParallelDims(dp_shard=4).problems(4, tied) == [], "FSDP2 shards a tied weight as one parameter"
 
 
@@ -152,3 +163,16 @@ def test_the_text_is_this_python_s_own_sources_and_a_missing_file_says_where_to_
         load_tokens(str(tmp_path / "missing.txt"))
     (tmp_path / "mine.txt").write_text("hello")
     assert bytes(load_tokens(str(tmp_path / "mine.txt")).tolist()) == b"hello"
+
+
+def test_a_pipeline_stage_keeps_its_blocks_under_the_whole_model_s_names():
+    """The first stage holds the embedding, the last the norm and the head; every parameter is on exactly one
+    stage under its unsplit name, so the stages' checkpoints are together the model's."""
+    from course_utils.parallel import cut, stage_layers
+
+    assert [stage_layers(5, 3, s) for s in range(3)] == [["0", "1"], ["2"], ["3", "4"]]
+    names = [set(dict(cut(build_llama("tiny", layers=4), 3, s).named_parameters())) for s in range(3)]
+    whole = set(dict(build_llama("tiny", layers=4).named_parameters()))
+    assert set().union(*names) == whole and sum(map(len, names)) == len(whole)
+    assert "tok_embeddings.weight" in names[0] and "output.weight" in names[2] and "norm.weight" in names[2]
+    assert {n.split(".")[1] for n in names[1]} == {"1", "2"}  # round(4/3)=1 .. round(8/3)=3

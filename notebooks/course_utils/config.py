@@ -123,6 +123,12 @@ class TrainConfig:
                              "shard within a node, replicate across)", minimum=1)
     tp: int = knob(1, "transformer", "tensor-parallel ranks (heads and hidden units split; a node's GPUs)",
                    minimum=1)
+    pp: int = knob(1, "transformer", "pipeline stages (consecutive blocks each; the embedding on the first, the "
+                   "head on the last)", minimum=1)
+    microbatches: int = knob(4, "transformer", "micro-batches a rank's batch is cut into for the pipeline (--pp)",
+                             minimum=1)
+    pp_schedule: str = knob("1f1b", "transformer", "the pipeline's schedule: all forwards then all backwards "
+                            "(gpipe), or alternating once full (1f1b)", choices=("gpipe", "1f1b"))
     ac: str = knob("none", "transformer", "activation checkpointing per block: recompute all of it, or only "
                    "the cheap ops", choices=("none", "selective", "full"))
 

@@ -4,15 +4,18 @@
     fsdp            apply_fsdp: FSDP2 per block, mixed precision, HSDP on a 2-D mesh, CPU offload
     tensor          apply_tp: Megatron's plans for attention and SwiGLU, sequence-parallel norms, a vocab-split
                     embedding and head for loss_parallel
+    pipeline        cut: the decoder's stages (embedding first, head last); GPipe and 1F1B schedules
     checkpointing   apply_ac: activation checkpointing per block, full or selective
-    parallelize     parallelize(model, dims, mesh): them all, in torchtitan's order
+    parallelize     parallelize(model, dims, mesh): them all, in torchtitan's order; clip_grad_norm over them all
 """
 
 from .checkpointing import AC_MODES, apply_ac
 from .dims import MESH_DIMS, ParallelDims
 from .fsdp import apply_fsdp
-from .parallelize import parallelize
+from .parallelize import clip_grad_norm, parallelize
+from .pipeline import SCHEDULES, build_schedule, cut, pipeline_eval, pipeline_step, stage_layers
 from .tensor import apply_tp, block_plan, outer_plan
 
-__all__ = ["AC_MODES", "MESH_DIMS", "ParallelDims", "apply_ac", "apply_fsdp", "apply_tp", "block_plan", "outer_plan",
-           "parallelize"]
+__all__ = ["AC_MODES", "MESH_DIMS", "SCHEDULES", "ParallelDims", "apply_ac", "apply_fsdp", "apply_tp", "block_plan",
+           "build_schedule", "clip_grad_norm", "cut", "outer_plan", "parallelize", "pipeline_eval", "pipeline_step",
+           "stage_layers"]

@@ -1,10 +1,11 @@
 """How the ranks are split: :class:`ParallelDims`, validated against the world size and the model, and the one
 named ``DeviceMesh`` every parallelism takes its ranks from (torchtitan's ``parallel_dims.py``).
 
-The mesh is ``(dp_replicate, dp_shard, tp)``, outermost first. Tensor parallelism is innermost: its ranks
+The mesh is ``(pp, dp_replicate, dp_shard, tp)``, outermost first. Tensor parallelism is innermost: its ranks
 talk every layer, so they are neighbours (``tp`` consecutive ranks, one node's GPUs under torchrun's and
-Slurm's numbering); the data-parallel ranks talk once a step. ``dp_shard`` ranks shard the weights (FSDP2),
-``dp_replicate`` groups of them hold replicas (HSDP: shard within a node, replicate across nodes).
+Slurm's numbering); the data-parallel ranks talk once a step; pipeline stages send one activation per
+micro-batch to the next stage, the least traffic of all, so they may span nodes. ``dp_shard`` ranks shard
+the weights (FSDP2), ``dp_replicate`` groups of them hold replicas (HSDP: shard within a node, replicate across nodes).
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ import torch
 
 from ..llama import LlamaShape
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
 @dataclass(frozen=True)
 class ParallelDims:
+    pp: int = 1
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
 
     @property
     def dp(self) -> int:
@@ -45,14 +47,30 @@ class ParallelDims:
     def tp_enabled(self) -> bool:
         return self.tp > 1
 
-    def problems(self, world_size: int, shape: LlamaShape | None = None, batch: int | None = None) -> list[str]:
-        """What does not fit, one line each (empty: the layout runs): the degrees against the world size, and
-        what tensor parallelism splits (query and key/value heads, SwiGLU's width, the vocabulary)."""
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    def problems(self, world_size: int, shape: LlamaShape | None = None, batch: int | None = None,
+                 microbatches: int = 1) -> list[str]:
+        """What does not fit, one line each (empty: the layout runs): the degrees against the world size, what
+        tensor parallelism splits (query and key/value heads, SwiGLU's width, the vocabulary), the blocks the
+        pipeline cuts and a rank's ``batch`` it cuts into ``microbatches``."""
         found = [f"{name} must be at least 1, got {value}" for name, value in
-                 zip(MESH_DIMS, (self.dp_replicate, self.dp_shard, self.tp), strict=True) if value < 1]
+                 zip(MESH_DIMS, (self.pp, self.dp_replicate, self.dp_shard, self.tp), strict=True) if value < 1]
         if not found and self.world_size != world_size:
-            found.append(f"--dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x --tp {self.tp} = "
-                         f"{self.world_size} ranks, but {world_size} were started: make the product the world size")
+            found.append(f"--pp {self.pp} x --dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x "
+                         f"--tp {self.tp} = {self.world_size} ranks, but {world_size} were started: make the product "
+                         "the world size")
+        if self.pp > 1:
+            if shape is not None and shape.layers < self.pp:
+                found.append(f"--pp {self.pp} needs at least a block per stage; the model has {shape.layers}")
+            if shape is not None and shape.tied:
+                found.append("a tied embedding and head cannot be cut by --pp (the first stage holds one, the last "
+                             "the other): train untied")
+            if batch is not None and batch % microbatches:
+                found.append(f"--batch-size {batch} does not split into --microbatches {microbatches}: make it a "
+                             "multiple")
         if shape is not None and self.tp > 1:
             for what, size in (("heads", shape.heads), ("kv_heads", shape.kv_heads), ("ffn_hidden", shape.ffn_hidden),
                                ("vocab", shape.vocab)):
@@ -64,18 +82,20 @@ class ParallelDims:
                              "the vocabulary, the head by its outputs): train untied")
         return found
 
-    def validate(self, world_size: int, shape: LlamaShape | None = None) -> None:
+    def validate(self, world_size: int, shape: LlamaShape | None = None, batch: int | None = None,
+                 microbatches: int = 1) -> None:
         """Raise ValueError with every problem in one line each."""
-        found = self.problems(world_size, shape)
+        found = self.problems(world_size, shape, batch, microbatches)
         if found:
             raise ValueError("; ".join(found))
 
     def build_mesh(self, device: torch.device):
-        """The named mesh over every rank: ``mesh["tp"]``, ``mesh["dp_shard"]``, ``mesh["dp_replicate",
-        "dp_shard"]`` (HSDP's 2-D mesh)."""
+        """The named mesh over every rank: ``mesh["pp"]``, ``mesh["tp"]``, ``mesh["dp_shard"]``,
+        ``mesh["dp_replicate", "dp_shard"]`` (HSDP's 2-D mesh)."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device.type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=MESH_DIMS)
+        return init_device_mesh(device.type, (self.pp, self.dp_replicate, self.dp_shard, self.tp),
+                                mesh_dim_names=MESH_DIMS)
 
     def dp_index(self, mesh) -> int:
         """This rank's place among the data-parallel ranks: which share of the batch it takes."""

@@ -51,6 +51,8 @@ def apply_tp(model: nn.Module, tp_mesh, loss_parallel: bool = True) -> None:
     """Split ``model`` (a :class:`course_utils.llama.Llama`) over ``tp_mesh``."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    parallelize_module(model, tp_mesh, outer_plan(loss_parallel))
+    # a pipeline stage holds the embedding or the head only where it is first or last
+    plan = {name: style for name, style in outer_plan(loss_parallel).items() if getattr(model, name) is not None}
+    parallelize_module(model, tp_mesh, plan)
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan())

@@ -55,7 +55,7 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
             if any(True for _ in m.parameters())]
 
 
-def fsdp_precision(requested: str, resolved: str) -> tuple[str, str]:
+def fsdp_precision(requested: str, resolved: str, script: str = "train_fsdp.py") -> tuple[str, str]:
     """The precision train_fsdp.py runs in, and a one-line note when it is not what was asked.
 
     FSDP2 here computes in bf16 or fp32. fp16 would need a gradient scaler over sharded
@@ -65,9 +65,9 @@ def fsdp_precision(requested: str, resolved: str) -> tuple[str, str]:
     if resolved != "fp16":
         return resolved, ""
     if requested == "amp":
-        return "fp32", ("note: this GPU has no bf16 and train_fsdp.py does not train in fp16 (that needs a sharded "
+        return "fp32", (f"note: this GPU has no bf16 and {script} does not train in fp16 (that needs a sharded "
                         "gradient scaler): running in fp32")
-    raise ValueError("train_fsdp.py trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): use "
+    raise ValueError(f"{script} trains in fp32 or bf16 (fp16 would need a sharded gradient scaler): use "
                      "--precision bf16 on Ampere or newer, fp32 (or amp) on older GPUs, or train_deepspeed.py, "
                      "whose fp16 has loss scaling")
 
