@@ -39,8 +39,8 @@ from course_utils.data.text import TokenBatches, load_tokens
 from course_utils.devices import PlacementError
 from course_utils.hardware import matmul_tflops, peak_memory_mib
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
-from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, parallelize, pipeline_eval, \
-    pipeline_step
+from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, float8_problem, parallelize, \
+    pipeline_eval, pipeline_step
 from course_utils.precision import autocast, resolve_precision
 from course_utils.preemption import StopRequest
 from course_utils.results import emit_result
@@ -51,7 +51,7 @@ from course_utils.trainer import make_optimizer
 DEFAULTS = {"optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.1, "batch_size": 8, "precision": "amp"}
 LEFT_OUT = {"dataset", "data_root", "n_train", "n_val", "workers", "pin_memory", "model", "epochs", "momentum",
             "grad_accum", "scale_lr", "warmup_epochs", "steps_per_epoch", "tf32", "cudnn_benchmark", "channels_last",
-            "compile", "bucket_cap_mb", "grad_as_bucket_view", "log_dir", "trace_dir", "progress"}
+            "bucket_cap_mb", "grad_as_bucket_view", "log_dir", "trace_dir", "progress"}
 CLIP = 1.0  # the gradients' norm over every shard and rank, clipped: the same in every layout
 VAL_SEQUENCES = 64
 
@@ -134,15 +134,17 @@ def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
 def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     world, rank = info.world_size, info.rank
     dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp)
-    model = build_llama(cfg.lm_size, seed=cfg.seed)  # the same weights on every rank, then split
+    model = build_llama(cfg.lm_size, seed=cfg.seed, tied=cfg.tied)  # the same weights on every rank, then split
     dims.validate(world, model.shape, cfg.batch_size, cfg.microbatches)
+    if cfg.float8 and float8_problem(device, dims):
+        raise ValueError(float8_problem(device, dims))
     precision, note = fsdp_precision(cfg.precision, resolve_precision(cfg.precision, device), "train_lm.py")
     if note and rank == 0:
         print(note, file=sys.stderr, flush=True)
     mesh = dims.build_mesh(device)
     model.to(device)
     bf16 = torch.bfloat16 if precision == "bf16" else None
-    parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16)
+    parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16, compile=cfg.compile, float8=cfg.float8)
     # FSDP2 casts the gathered weights to bf16 itself; without it, autocast does
     run = Step(model, dims, mesh, cfg, "fp32" if dims.fsdp_enabled else precision, device)
     optimizer = make_optimizer(model, cfg, cfg.lr)
@@ -215,7 +217,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         print("tokens/s only: MFU needs a GPU's matmul peak (a CPU's varies with its cores, threads and load)",
               flush=True)
     emit_result({"trainer": Path(__file__).name, "world_size": world, "layout": asdict(dims), "device": str(device),
-                 "precision": precision, "ac": cfg.ac, "steps": step, "losses": losses,
+                 "precision": precision, "ac": cfg.ac, "compile": cfg.compile, "steps": step, "losses": losses,
                  "grad_norms": grad_norms, "val_loss": val_loss,
                  "tokens_per_step": tokens_per_step, "tokens_per_s": rate,
                  "tokens_per_s_per_device": rate / world if rate else None, "flops_per_token": fpt,

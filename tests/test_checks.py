@@ -156,6 +156,31 @@ def test_fsdp_holding_unsharded_gradients_when_syncing_every_micro_batch_fails()
         check_fsdp_against_zero3(unsynced, unsynced, zero3, N, on_gpu=False)
 
 
+def test_fsdp_on_the_transformer_that_parted_from_the_unsplit_losses_fails():
+    from course_utils.checks import check_fsdp_transformer
+
+    one = {"tokens_per_step": 1024, "world_size": 1, "losses": [5.34, 5.26, 4.84], "grad_norms": [3.1, 2.5, 2.7]}
+    sharded = {**one, "world_size": 2, "losses": [5.3400001, 5.2600002, 4.84], "grad_norms": [3.1, 2.5000001, 2.7]}
+    check_fsdp_transformer(one, sharded, ranks=2)
+    with pytest.raises(ClaimFailed, match="trained its losses step for step"):  # a tie broken: step 2 parts
+        check_fsdp_transformer(one, {**sharded, "losses": [5.34, 5.27, 4.86]}, ranks=2)
+    with pytest.raises(ClaimFailed, match="took the unsplit run's 1,024 tokens"):  # each rank the whole batch
+        check_fsdp_transformer(one, {**sharded, "tokens_per_step": 2048}, ranks=2)
+
+
+def test_activation_checkpointing_that_saved_nothing_or_cost_nothing_fails():
+    from course_utils.checks import check_activation_checkpointing
+
+    measured = {"none": (48.0, 60.0), "selective": (33.0, 90.0), "full": (23.0, 85.0)}
+    check_activation_checkpointing(measured, grads_equal=True)
+    with pytest.raises(ClaimFailed, match="full checkpointing lowered it most"):
+        check_activation_checkpointing({**measured, "full": (40.0, 85.0)}, grads_equal=True)
+    with pytest.raises(ClaimFailed, match="and cost time"):  # nothing recomputed
+        check_activation_checkpointing({**measured, "full": (23.0, 59.0)}, grads_equal=True)
+    with pytest.raises(ClaimFailed, match="the same gradients"):
+        check_activation_checkpointing(measured, grads_equal=False)
+
+
 # --------------------------------------------------------------------------- #
 # 09: the pipeline, tensor and sequence parallelism (course_utils.checks.parallelism)
 # --------------------------------------------------------------------------- #

@@ -348,7 +348,9 @@ COVERED = {
            "ARGS / --workers": "test_06_lightning", "ARGS / --precision": "test_06_lightning",
            "out / --log-every": "test_06_log_every"},
     "07": {"PLAN / plan_demo() / wanted=": "test_07_zero", "BATCH": "test_07_zero", "timeout": "test_07_zero",
-           "ARGS / --n-train": "test_07_zero", "ARGS / --n-val": "test_07_zero", "ARGS / --workers": "test_07_zero"},
+           "ARGS / --n-train": "test_07_zero", "ARGS / --n-val": "test_07_zero", "ARGS / --workers": "test_07_zero",
+           "LM_ARGS / --lm-size": "test_07_transformer", "LM_ARGS / --seq-len": "test_07_transformer",
+           "LM_ARGS / --steps": "test_07_transformer", "(AC_SIZE, AC_BATCH, AC_SEQ)": "test_07_transformer"},
     "08": {"SAMPLES": "test_08_tune", "BASE / TrainConfig() / epochs=": "test_08_tune",
            "BASE / TrainConfig() / n_train=": "test_08_tune", "BASE / TrainConfig() / n_val=": "test_08_tune",
            "(bad_loss, bad_acc) / tuning.held_out_score()": "test_08_tune",
@@ -829,6 +831,39 @@ def test_07_zero(full):
         epochs = full.value("07", "EPOCHS")
         est = train_seconds(t, "mlp", epochs * n_train / plan.nproc, batch, plan.nproc, amp, workers,
                             val_images=epochs * n_val)
+        assert full.value("07", "timeout", **names) >= TIMEOUT_MARGIN * est
+
+
+def lm_train_memory(size: str, batch: int, seq: int) -> float:
+    """Bytes a GPU holds training the decoder in fp32 with AdamW at ``batch`` x ``seq`` tokens, unsharded: 16 bytes
+    per parameter, each block's activations as Korthikanti et al. (2022) count them in 16 bits (34 bytes per
+    token and width; attention's scores left out: SDPA never holds them), doubled for fp32, the logits, the
+    CUDA context."""
+    from course_utils.llama import LM_SIZES, parameter_counts
+
+    shape = LM_SIZES[size]
+    state = 16 * sum(parameter_counts(shape).values())
+    activations = shape.layers * 2 * 34 * batch * seq * shape.dim + 3 * 4 * batch * seq * shape.vocab
+    return state + activations + CUDA_CONTEXT_BYTES
+
+
+def test_07_transformer(full):
+    """Section 6's decoder: 16 sequences a step dealt evenly to the ranks, one process's step (and the kernel's
+    activation-checkpointing step, unsplit) within the card, the steps within the timeout."""
+    from course_utils.llama import LM_SIZES, flops_per_token
+
+    t, plan = full.target, full.value("07", "PLAN")
+    names = {"DEVICE": plan.device}
+    size, seq = full.pick("07", "LM_ARGS / --lm-size", **names), full.pick("07", "LM_ARGS / --seq-len", **names)
+    steps = full.pick("07", "LM_ARGS / --steps", **names)
+    ac_size, ac_batch, ac_seq = full.pick("07", "(AC_SIZE, AC_BATCH, AC_SEQ)", **names)
+    assert 16 % plan.nproc == 0, f"16 sequences a step on {plan.nproc} ranks"
+    assert seq <= 4096 and ac_size in LM_SIZES
+    if plan.device == "cuda":
+        assert fits(t, lm_train_memory(size, 16, seq)), "the one process's run holds the whole batch"
+        assert fits(t, lm_train_memory(ac_size, ac_batch, ac_seq)), "--ac none, the kernel's largest"
+        flops = flops_per_token(LM_SIZES[size], seq) * 16 * seq * steps
+        est = 2 * STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY) * (1 + 1 / plan.nproc)
         assert full.value("07", "timeout", **names) >= TIMEOUT_MARGIN * est
 
 

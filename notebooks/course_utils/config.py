@@ -116,6 +116,8 @@ class TrainConfig:
                      "sources, on every machine", same_on_resume=True)
     lm_size: str = knob("tiny", "transformer", "the decoder's size (course_utils.llama.LM_SIZES)",
                         choices=("tiny", "small", "base"), same_on_resume=True)
+    tied: bool = knob(False, "transformer", "one weight for the embedding and the head (GPT-2's; not with --tp "
+                      "or --pp)", same_on_resume=True)
     seq_len: int = knob(64, "transformer", "tokens per sequence", minimum=2, same_on_resume=True)
     steps: int = knob(20, "transformer", "train until this many optimiser steps are done", minimum=1)
     dp_shard: int = knob(1, "transformer", "ranks that shard the weights (FSDP2)", minimum=1)
@@ -129,6 +131,8 @@ class TrainConfig:
                              minimum=1)
     pp_schedule: str = knob("1f1b", "transformer", "the pipeline's schedule: all forwards then all backwards "
                             "(gpipe), or alternating once full (1f1b)", choices=("gpipe", "1f1b"))
+    float8: bool = knob(False, "transformer", "train the Linear layers in float8 (torchao; GPUs of compute "
+                        "capability 8.9+)")
     ac: str = knob("none", "transformer", "activation checkpointing per block: recompute all of it, or only "
                    "the cheap ops", choices=("none", "selective", "full"))
 

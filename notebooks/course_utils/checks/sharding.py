@@ -174,13 +174,30 @@ def check_dcp_resume(one: dict, many: dict, ranks: int, epochs: int) -> None:
     ])
 
 
-def check_activation_checkpointing(saved: Mapping[bool, int], grads_equal: bool, batch: int, width: int,
-                                   blocks: int) -> None:
-    """The mlp at ``batch``, its bytes saved for the backward pass without (False) and with (True) activation
-    checkpointing; ``grads_equal``: whether both computed the same gradients."""
-    freed = saved[False] - saved[True]
+def check_fsdp_transformer(unsplit: Mapping, sharded: Mapping, ranks: int, rel: float = 1e-4) -> None:
+    """scripts/train_lm.py's RESULTs: the decoder (embedding and head tied) in one process at the global batch,
+    and sharded by FSDP2 over ``ranks`` at batch / ranks each."""
+    def gap(key: str) -> float:
+        return max(abs(a - b) / abs(b) for a, b in zip(sharded[key], unsplit[key], strict=True))
+
     verify([
-        ("checkpointing computed the same gradients", grads_equal),
-        (f"it kept {freed / 2**20:.2f} MiB fewer activations: each of the {blocks} hidden blocks keeps its input and "
-         f"drops its linear layer's output, {batch} x {width} fp32 values", freed == blocks * batch * width * 4),
+        (f"the {ranks} FSDP2 ranks took the unsplit run's {unsplit['tokens_per_step']:,} tokens a step",
+         sharded["tokens_per_step"] == unsplit["tokens_per_step"] and sharded["world_size"] == ranks),
+        (f"and trained its losses step for step, {len(unsplit['losses'])} steps within {rel:g} relative (largest "
+         f"gap {gap('losses'):.1e}: fp32 sums in another order), the tied embedding and head one weight throughout",
+         len(sharded["losses"]) == len(unsplit["losses"]) and gap("losses") <= rel),
+        (f"with the same gradients' norm at every step (largest gap {gap('grad_norms'):.1e})", gap("grad_norms") <= rel),
+    ])
+
+
+def check_activation_checkpointing(measured: Mapping[str, tuple[float, float]], grads_equal: bool) -> None:
+    """The decoder's one forward and backward per ``--ac`` mode: ``(peak MiB, ms)``; ``grads_equal``: whether
+    every mode computed the none mode's gradients."""
+    (none_mib, none_ms), (sel_mib, _), (full_mib, full_ms) = (measured[m] for m in ("none", "selective", "full"))
+    verify([
+        ("every mode computed the same gradients", grads_equal),
+        (f"selective checkpointing lowered the peak, {none_mib:.1f} -> {sel_mib:.1f} MiB", sel_mib < none_mib),
+        (f"full checkpointing lowered it most, to {full_mib:.1f} MiB", full_mib < sel_mib),
+        (f"and cost time: its step took {full_ms / none_ms:.2f} x none's (each block's forward run again)",
+         full_ms > none_ms),
     ])

@@ -6,16 +6,17 @@
                     embedding and head for loss_parallel
     pipeline        cut: the decoder's stages (embedding first, head last); GPipe and 1F1B schedules
     checkpointing   apply_ac: activation checkpointing per block, full or selective
-    parallelize     parallelize(model, dims, mesh): them all, in torchtitan's order; clip_grad_norm over them all
+    parallelize     parallelize(model, dims, mesh): them all, in torchtitan's order (with float8 and compile);
+                    clip_grad_norm over them all
 """
 
 from .checkpointing import AC_MODES, apply_ac
 from .dims import MESH_DIMS, ParallelDims
 from .fsdp import apply_fsdp
-from .parallelize import clip_grad_norm, parallelize
+from .parallelize import clip_grad_norm, float8_problem, parallelize
 from .pipeline import SCHEDULES, build_schedule, cut, pipeline_eval, pipeline_step, stage_layers
 from .tensor import apply_tp, block_plan, outer_plan
 
 __all__ = ["AC_MODES", "MESH_DIMS", "SCHEDULES", "ParallelDims", "apply_ac", "apply_fsdp", "apply_tp", "block_plan",
-           "build_schedule", "clip_grad_norm", "cut", "outer_plan", "parallelize", "pipeline_eval", "pipeline_step",
+           "build_schedule", "clip_grad_norm", "cut", "float8_problem", "outer_plan", "parallelize", "pipeline_eval", "pipeline_step",
            "stage_layers"]

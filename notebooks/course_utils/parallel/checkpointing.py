@@ -47,3 +47,43 @@ def apply_ac(model: nn.Module, mode: str) -> None:
         else:
             model.layers[name] = checkpoint_wrapper(
                 block, context_fn=partial(create_selective_checkpoint_contexts, _policy), preserve_rng_state=False)
+
+
+def measure_step(model: nn.Module, tokens: torch.Tensor, repeats: int = 3) -> tuple[float, float]:
+    """One forward and backward pass of ``model`` on ``tokens``: the peak memory above the model's own state
+    (MiB: CUDA's allocator on a GPU, torch's MemTracker on a CPU, which counts every tensor) and the median
+    time of ``repeats`` passes (ms, the GPU synchronised)."""
+    import time
+
+    from ..timing import sync
+
+    device = tokens.device
+
+    def step() -> None:
+        model(tokens).float().logsumexp(-1).mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    step()  # warm: kernels chosen, allocator grown
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        peak = torch.cuda.max_memory_allocated(device) - before
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            step()
+        snapshot = tracker.get_tracker_snapshot("peak")[device]
+        peak = snapshot["Total"] - snapshot[next(k for k in snapshot if str(k).endswith("PARAM"))]
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return peak / 2**20, 1000 * sorted(times)[len(times) // 2]

@@ -1,7 +1,8 @@
 """``parallelize(model, dims, mesh)``: every parallelism of :class:`ParallelDims` applied in torchtitan's
-order: the pipeline's cut first (this rank keeps its stage), then tensor parallel (it rewrites the layers'
-weights as DTensors), then activation checkpointing (it wraps whole blocks), then FSDP2 (it shards what the
-others left, per block). ``clip_grad_norm`` clips by the norm over every shard, rank and stage."""
+order: the pipeline's cut first (this rank keeps its stage), then float8 (it swaps the Linear layers), then
+tensor parallel (it rewrites the layers' weights as DTensors), then activation checkpointing (it wraps whole
+blocks), then ``torch.compile`` per block (each block the same graph, compiled once), then FSDP2 (it shards
+what the others left, per block). ``clip_grad_norm`` clips by the norm over every shard, rank and stage."""
 
 from __future__ import annotations
 
@@ -16,13 +17,45 @@ from .pipeline import cut
 from .tensor import apply_tp
 
 
+FLOAT8_CC = (8, 9)  # float8 tensor cores: Ada (L4, RTX 40xx) and Hopper (H100) on
+
+
+def float8_problem(device: torch.device, dims: ParallelDims) -> str | None:
+    """Why float8 training cannot run here, in one line (None: it can)."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < FLOAT8_CC:
+        cc = "a CPU" if device.type != "cuda" else "compute capability %d.%d" % torch.cuda.get_device_capability(device)
+        return (f"--float8 needs float8 tensor cores (compute capability 8.9+: L4, H100); this device has {cc}: "
+                "leave it out (bf16 is the fastest format here)")
+    if dims.tp_enabled:
+        return "--float8 with --tp needs torchao's float8 tensor-parallel plans, which this course does not apply"
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return "--float8 needs torchao: pip install torchao (then rerun)"
+    return None
+
+
+def apply_float8(model: nn.Module) -> None:
+    """Every Linear layer but the head trains in float8 with dynamic scales (torchao; the head's vocabulary-wide
+    outputs stay in bf16, as torchtitan leaves them)."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=lambda module, fqn: fqn != "output")
+
+
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, ac: str = "none", param_dtype: torch.dtype | None = None,
-                loss_parallel: bool = True, cpu_offload: bool = False) -> nn.Module:
+                loss_parallel: bool = True, cpu_offload: bool = False, compile: bool = False,
+                float8: bool = False) -> nn.Module:
     if dims.pp_enabled:
         cut(model, dims.pp, mesh["pp"].get_local_rank())
+    if float8:
+        apply_float8(model)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel)
     apply_ac(model, ac)
+    if compile:
+        for block in model.layers.values():
+            block.compile()  # in place: the parameters keep their names (checkpoints stay layout-free)
     if dims.fsdp_enabled:
         dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.hsdp_enabled else mesh["dp_shard"]
         # a pipeline runs each stage's forward once per micro-batch: keep the gathered weights between them
