@@ -203,6 +203,19 @@ def test_pipeline_on_its_formula_passes_and_interleaving_that_waited_longer_fail
         check_pipeline(_pipe(interleaved=(0.45, 0.19, 0.13)), on_gpu=False)
 
 
+def test_a_transformer_layout_that_parted_from_the_unsplit_run_fails():
+    from course_utils.checks import check_transformer_layouts
+
+    one = {"tokens_per_step": 1024, "world_size": 1, "losses": [5.59, 5.23, 4.91], "grad_norms": [3.08, 2.45, 2.66]}
+    tp = {**one, "world_size": 2, "losses": [5.5900003, 5.23, 4.91]}
+    check_transformer_layouts(one, {"tensor parallel": tp}, on_gpu=False)
+    half = {**tp, "tokens_per_step": 512, "losses": [5.59, 5.25, 4.97]}  # each pipeline stage fed half the batch
+    with pytest.raises(ClaimFailed, match="a pipeline on 2 ranks took the unsplit run's 1,024 tokens"):
+        check_transformer_layouts(one, {"tensor parallel": tp, "a pipeline": half}, on_gpu=False)
+    with pytest.raises(ClaimFailed, match="tensor parallel on 2 ranks"):  # its gradients not summed over the shards
+        check_transformer_layouts(one, {"tensor parallel": {**tp, "grad_norms": [2.18, 1.73, 1.88]}}, on_gpu=False)
+
+
 def test_interleaved_run_against_a_formula_rejects_1f1bs():
     from course_utils import solutions
     from course_utils.checks import check_interleaved_run

@@ -362,7 +362,9 @@ COVERED = {
            "TP_SHAPE": "test_09_tensor_parallel", "tp_run / run_script(train_tp.py) / timeout_s=":
                "test_09_tensor_parallel",
            "rpc_run / run_script(rpc_param_server.py) / --steps": "test_09_rpc",
-           "expr / check_param_server() / steps=": "test_09_rpc"},
+           "expr / check_param_server() / steps=": "test_09_rpc",
+           "LM_ARGS / --lm-size": "test_09_transformer", "LM_ARGS / --seq-len": "test_09_transformer",
+           "LM_ARGS / --steps": "test_09_transformer"},
     "10": {"N_IMAGES": "test_10_formats", "BATCH": "test_10_formats",
            "parts / step_breakdown() / steps=": "test_10_formats",
            "run / emulate_training() / steps=": "test_10_emulated_steps",
@@ -947,6 +949,25 @@ def test_09_tensor_parallel(full):
     flops = 6 * 12 * args.hidden**2 * args.batch * dp * args.seq * args.blocks * (2 * args.steps + 4)
     est = STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY if tp_plan.device == "cuda" else 20e9)
     assert full.pick("09", "tp_run / run_script(train_tp.py) / timeout_s=") >= TIMEOUT_MARGIN * est
+
+
+def test_09_transformer(full):
+    """Section 5's decoder on the pipeline's ranks: 16 sequences cut into 4 micro-batches, the degrees dividing
+    the model, the unsplit run within the card, each run within its 300 s."""
+    from course_utils.llama import LM_SIZES, flops_per_token
+    from course_utils.parallel import ParallelDims
+
+    t, plan = full.target, full.value("09", "PP")
+    names = {"PP": plan}
+    size, seq = full.pick("09", "LM_ARGS / --lm-size", **names), full.pick("09", "LM_ARGS / --seq-len", **names)
+    steps = full.pick("09", "LM_ARGS / --steps", **names)
+    layouts = [ParallelDims(tp=2), ParallelDims(pp=2)] + ([ParallelDims(pp=2, tp=2)] if plan.nproc >= 4 else [])
+    for dims in layouts:
+        assert dims.world_size <= plan.nproc and dims.problems(dims.world_size, LM_SIZES[size], 16, 4) == []
+    if plan.device == "cuda":
+        assert plan.nproc <= t.gpus_per_node and fits(t, lm_train_memory(size, 16, seq))
+        flops = flops_per_token(LM_SIZES[size], seq) * 16 * seq * steps
+        assert 300 >= TIMEOUT_MARGIN * (STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY))
 
 
 def test_09_rpc(full):

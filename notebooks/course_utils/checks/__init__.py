@@ -54,6 +54,7 @@ from .parallelism import (
     check_pipeline,
     check_sequence_parallel,
     check_tensor_parallel,
+    check_transformer_layouts,
 )
 from .sharding import (
     check_activation_checkpointing,

@@ -121,3 +121,21 @@ def check_param_server(server: Mapping, steps: int) -> None:
         (f"its model learned from both: held-out loss {server['held_out_loss_before']:.3f} -> "
          f"{server['held_out_loss_after']:.3f}", server["held_out_loss_after"] < 0.7 * server["held_out_loss_before"]),
     ])
+
+
+def check_transformer_layouts(unsplit: Mapping, layouts: Mapping[str, Mapping], on_gpu: bool) -> None:
+    """scripts/train_lm.py's RESULTs: the decoder in one process, and split by each layout (label: RESULT) on the
+    same seed and tokens; every loss and gradient norm within round-off of the unsplit run's."""
+    rel = 10 * _same(on_gpu)
+
+    def gap(run: Mapping, key: str) -> float:
+        return max(abs(a - b) / abs(b) for a, b in zip(run[key], unsplit[key], strict=True))
+
+    claims = [(f"{label} on {run['world_size']} ranks took the unsplit run's {unsplit['tokens_per_step']:,} tokens a "
+               f"step and trained its losses and gradient norms, step for step within {rel:g} relative (largest "
+               f"gap {max(gap(run, 'losses'), gap(run, 'grad_norms')):.1e})",
+               lambda run=run: run["tokens_per_step"] == unsplit["tokens_per_step"]
+               and len(run["losses"]) == len(unsplit["losses"])
+               and max(gap(run, "losses"), gap(run, "grad_norms")) <= rel)
+              for label, run in layouts.items()]
+    verify(claims)
