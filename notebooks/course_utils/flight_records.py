@@ -76,3 +76,18 @@ def read_debug_server(port: int, page: str = "stacks", host: str = "127.0.0.1", 
     parts = re.split(r"^\s*Rank (\d+): \S+\s*$", text, flags=re.M)  # each rank's part starts with its address
     return {int(rank): re.sub(r"\n\s*\n", "\n", textwrap.dedent(part)).strip()
             for rank, part in zip(parts[1::2], parts[2::2])}
+
+
+def py_spy_dump(pid: int | None) -> str:
+    """``py-spy dump --pid PID``: the Python line each thread of a live process is on, read from its memory
+    (the command printed as you would type it; the output without the colours a notebook's kernel asks for)."""
+    import sys
+
+    from .launch import run_command
+
+    if pid is None:
+        return "(no such process: it ended before the dump)"
+    beside = Path(sys.executable).with_name("py-spy")  # installed with the course, beside its Python
+    run = run_command([beside if beside.exists() else "py-spy", "dump", "--pid", pid], timeout_s=30, check=False,
+                      echo=False)
+    return re.sub(r"\x1b\[[0-9;]*m", "", run.output)

@@ -96,11 +96,13 @@ def show_matching(file: str | Path, pattern: str) -> None:
 
 def command_line(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> str:
     """A command as a person types it: ``python -m torch.distributed.run`` is ``torchrun``, this Python is
-    ``python``, the repository's paths are relative to its root; ``env``, the variables set for it, in front."""
+    ``python`` and the tools installed beside it go by their names (``py-spy``), the repository's paths are relative to its root; ``env``, the variables set for it, in front."""
     words = [str(w) for w in cmd]
     if words[:3] == [sys.executable, "-m", "torch.distributed.run"]:
         words = ["torchrun", *words[3:]]
-    words = ["python" if w == sys.executable else w for w in words]
+    bin_dir = str(Path(sys.executable).parent)  # this Python's own tools (py-spy, torchrun) by their names
+    words = ["python" if w == sys.executable else Path(w).name if str(Path(w).parent) == bin_dir else w
+             for w in words]
     here = [relative(w) for w in words]  # also inside --flag=/path
     return " ".join([*(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items()), shlex.join(here)])
 

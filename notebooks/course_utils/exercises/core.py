@@ -55,4 +55,7 @@ def _close(got: float, want: float, rel: float) -> bool:
 
 
 def passed(message: str) -> None:
-    print(f"correct: {message}")
+    # a copy executed with the reference answers in place of the learner's cell says whose answer it judged
+    whose = " (the course's reference answer, run in place of the cell above for this copy)" if solutions_enabled() \
+        else ""
+    print(f"correct{whose}: {message}")
