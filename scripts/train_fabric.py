@@ -24,7 +24,7 @@ from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
 from course_utils.process_group import cleanup, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
-from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, placement_args, plan_launch, quiet_lightning
+from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, plan_launch, quiet_lightning
 from course_utils.models import build_model
 from course_utils.precision import resolve_precision
 from course_utils.results import emit_result
@@ -47,8 +47,13 @@ except ValueError as exc:
     sys.exit(f"error: {exc}")
 
 quiet_lightning()
-# each rank's device handed to Fabric, not counted by Fabric: right under Slurm's GPU binding too
-fabric = Fabric(**placement_args(plan, DDPStrategy), precision=LIGHTNING_PRECISION[precision])
+# each rank's device from the course's policy, handed to Fabric rather than counted by it (Fabric would put
+# rank r on GPU r): right under Slurm's GPU binding too
+several = plan.world_size > 1
+fabric = Fabric(accelerator=plan.accelerator, num_nodes=plan.num_nodes,
+                devices="auto" if several else [plan.device.index] if plan.device.type == "cuda" else 1,
+                strategy=DDPStrategy(parallel_devices=[torch.device(d) for d in plan.parallel_devices])
+                if several else "auto", precision=LIGHTNING_PRECISION[precision])
 fabric.launch()  # joins torchrun's or srun's processes, or starts them
 world, device, rank = fabric.world_size, fabric.device, fabric.global_rank
 
