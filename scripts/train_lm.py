@@ -7,6 +7,7 @@
     torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-shard 2 --tp 2   # FSDP2 x tensor parallel
     torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-replicate 2 --dp-shard 2   # HSDP
     torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --pp 2 --microbatches 4         # a pipeline
+    torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --cp 2                          # ring attention
 
 The product of the degrees is the world size. The text is this Python's standard library unless --text
 names a file. Each step prints its loss and tokens/s (and, on a GPU, the model FLOPs utilisation against
@@ -39,6 +40,7 @@ from course_utils.data.text import TokenBatches, load_tokens
 from course_utils.devices import PlacementError
 from course_utils.hardware import matmul_tflops, peak_memory_mib
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
+from course_utils.parallel.context import shard
 from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, float8_problem, parallelize, \
     pipeline_eval, pipeline_step
 from course_utils.precision import autocast, resolve_precision
@@ -123,19 +125,20 @@ def loss_context(split_vocab: bool) -> contextlib.AbstractContextManager:
 
 
 def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
-    """A loss averaged over the data-parallel ranks: the tensor-parallel ranks hold the same one, and in a
-    pipeline only the last stage's ranks hold one (the others add a zero)."""
+    """A loss averaged over the data-parallel ranks: the tensor-parallel ranks hold the same one, each
+    context-parallel rank its tokens' mean (as many tokens each), and in a pipeline only the last stage's ranks
+    hold one (the others add a zero)."""
     value = value.full_tensor() if hasattr(value, "full_tensor") else value
     total = value.detach().float().clone()
     dist.all_reduce(total)
-    return total.item() / (dims.dp * dims.tp)
+    return total.item() / (dims.dp * dims.cp * dims.tp)
 
 
 def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     world, rank = info.world_size, info.rank
-    dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, tp=cfg.tp)
+    dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp)
     model = build_llama(cfg.lm_size, seed=cfg.seed, tied=cfg.tied)  # the same weights on every rank, then split
-    dims.validate(world, model.shape, cfg.batch_size, cfg.microbatches)
+    dims.validate(world, model.shape, cfg.batch_size, cfg.microbatches, cfg.seq_len)
     if cfg.float8 and float8_problem(device, dims):
         raise ValueError(float8_problem(device, dims))
     precision, note = fsdp_precision(cfg.precision, resolve_precision(cfg.precision, device), "train_lm.py")
@@ -144,13 +147,18 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     mesh = dims.build_mesh(device)
     model.to(device)
     bf16 = torch.bfloat16 if precision == "bf16" else None
-    parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16, compile=cfg.compile, float8=cfg.float8)
+    parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16, compile=cfg.compile, float8=cfg.float8,
+                seq_len=cfg.seq_len)
     # FSDP2 casts the gathered weights to bf16 itself; without it, autocast does
     run = Step(model, dims, mesh, cfg, "fp32" if dims.fsdp_enabled else precision, device)
     optimizer = make_optimizer(model, cfg, cfg.lr)
     data = TokenBatches(load_tokens(cfg.text), cfg.seq_len, cfg.batch_size, dims.dp, dims.dp_index(mesh), cfg.seed)
 
     global_batch = cfg.batch_size * dims.dp
+    cp_rank = mesh["cp"].get_local_rank()
+
+    def my_tokens(batch: torch.Tensor) -> torch.Tensor:  # context parallel: this rank's share of each sequence
+        return shard(batch, "zigzag", cp_rank, dims.cp) if dims.cp_enabled else batch
     losses, grad_norms, step, resumed_from = [], [], 0, None
     ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
     saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
@@ -182,7 +190,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     timed_tokens, timed_s, started = 0, 0.0, None
     model.train()
     while step < cfg.steps:
-        x, y = (t.to(device) for t in data.batch_at(step))
+        x, y = (my_tokens(t).to(device) for t in data.batch_at(step))
         loss = run.train(x, y)
         grad_norms.append(clip_grad_norm(model, CLIP, dims, mesh))
         optimizer.step()
@@ -207,7 +215,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         save()
 
     model.eval()
-    vx, vy = (t.to(device) for t in data.validation(VAL_SEQUENCES))
+    vx, vy = (my_tokens(t).to(device) for t in data.validation(VAL_SEQUENCES))
     val = run.evaluate(vx, vy)
     val_loss = mean_over_ranks(val, dims) if val is not None else None
     if val is None and rank == 0:

@@ -123,6 +123,8 @@ class TrainConfig:
     dp_shard: int = knob(1, "transformer", "ranks that shard the weights (FSDP2)", minimum=1)
     dp_replicate: int = knob(1, "transformer", "replicas of the sharded model (HSDP: with --dp-shard, "
                              "shard within a node, replicate across)", minimum=1)
+    cp: int = knob(1, "transformer", "context-parallel ranks: each holds a share of every sequence, attention "
+                   "round a ring (zig-zag split)", minimum=1)
     tp: int = knob(1, "transformer", "tensor-parallel ranks (heads and hidden units split; a node's GPUs)",
                    minimum=1)
     pp: int = knob(1, "transformer", "pipeline stages (consecutive blocks each; the embedding on the first, the "

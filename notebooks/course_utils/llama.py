@@ -51,13 +51,15 @@ LM_SIZES = {  # --lm-size: CI's seconds on two cores, then what a GPU node train
 }
 
 
-def rope(x: torch.Tensor, theta: float) -> torch.Tensor:
+def rope(x: torch.Tensor, theta: float, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate each pair of ``x``'s features (batch, heads, tokens, head_dim) by the token's position
     times a frequency that falls along the pairs (Su et al., 2021): attention scores then depend on
-    the distance between two tokens, not on where they sit."""
+    the distance between two tokens, not on where they sit. ``positions``: the tokens' places in the whole
+    sequence (a context-parallel rank holds a share of it), else 0, 1, ..."""
     tokens, dim = x.shape[-2], x.shape[-1]
     freqs = theta ** -(torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
-    angles = torch.outer(torch.arange(tokens, device=x.device, dtype=torch.float32), freqs)
+    where = torch.arange(tokens, device=x.device) if positions is None else positions.to(x.device)
+    angles = torch.outer(where.float(), freqs)
     cos, sin = angles.cos(), angles.sin()
     even, odd = x.float()[..., 0::2], x.float()[..., 1::2]
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2).type_as(x)
@@ -71,13 +73,21 @@ class Attention(nn.Module):
         self.wk = nn.Linear(s.dim, s.kv_heads * s.head_dim, bias=False)
         self.wv = nn.Linear(s.dim, s.kv_heads * s.head_dim, bias=False)
         self.wo = nn.Linear(s.heads * s.head_dim, s.dim, bias=False)
+        self.context = None  # context parallel (course_utils.parallel.context): (group, layout, positions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q, k, v = (proj(x).view(b, t, -1, self.head_dim).transpose(1, 2) for proj in (self.wq, self.wk, self.wv))
-        q, k = rope(q, self.theta), rope(k, self.theta)
+        where = self.context[2] if self.context else None
+        q, k = rope(q, self.theta, where), rope(k, self.theta, where)
         k, v = (z.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for z in (k, v))  # each kv head to its queries
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.context:  # this rank holds a share of the sequence: its queries meet every key round the ring
+            from .parallel.context import ring_attention
+
+            group, layout, where = self.context
+            y = ring_attention(q, k, v, where.to(q.device), group, layout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -1,11 +1,13 @@
 """How the ranks are split: :class:`ParallelDims`, validated against the world size and the model, and the one
 named ``DeviceMesh`` every parallelism takes its ranks from (torchtitan's ``parallel_dims.py``).
 
-The mesh is ``(pp, dp_replicate, dp_shard, tp)``, outermost first. Tensor parallelism is innermost: its ranks
+The mesh is ``(pp, dp_replicate, dp_shard, cp, tp)``, outermost first. Tensor parallelism is innermost: its ranks
 talk every layer, so they are neighbours (``tp`` consecutive ranks, one node's GPUs under torchrun's and
 Slurm's numbering); the data-parallel ranks talk once a step; pipeline stages send one activation per
 micro-batch to the next stage, the least traffic of all, so they may span nodes. ``dp_shard`` ranks shard
 the weights (FSDP2), ``dp_replicate`` groups of them hold replicas (HSDP: shard within a node, replicate across nodes).
+``cp`` ranks split each sequence (context parallel, ring attention); for the weights they are data-parallel ranks
+that saw other tokens of the same sequences, so FSDP2 shards over ``dp_shard x cp`` (torchtitan's ``dp_shard_cp``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from ..llama import LlamaShape
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass(frozen=True)
@@ -24,11 +26,12 @@ class ParallelDims:
     pp: int = 1
     dp_replicate: int = 1
     dp_shard: int = 1
+    cp: int = 1
     tp: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -37,7 +40,11 @@ class ParallelDims:
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.dp > 1
+        return self.dp * self.cp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
 
     @property
     def hsdp_enabled(self) -> bool:
@@ -52,16 +59,20 @@ class ParallelDims:
         return self.pp > 1
 
     def problems(self, world_size: int, shape: LlamaShape | None = None, batch: int | None = None,
-                 microbatches: int = 1) -> list[str]:
+                 microbatches: int = 1, seq_len: int | None = None) -> list[str]:
         """What does not fit, one line each (empty: the layout runs): the degrees against the world size, what
         tensor parallelism splits (query and key/value heads, SwiGLU's width, the vocabulary), the blocks the
         pipeline cuts and a rank's ``batch`` it cuts into ``microbatches``."""
         found = [f"{name} must be at least 1, got {value}" for name, value in
-                 zip(MESH_DIMS, (self.pp, self.dp_replicate, self.dp_shard, self.tp), strict=True) if value < 1]
+                 zip(MESH_DIMS, (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp), strict=True)
+                 if value < 1]
         if not found and self.world_size != world_size:
             found.append(f"--pp {self.pp} x --dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x "
-                         f"--tp {self.tp} = {self.world_size} ranks, but {world_size} were started: make the product "
-                         "the world size")
+                         f"--cp {self.cp} x --tp {self.tp} = {self.world_size} ranks, but {world_size} were started: "
+                         "make the product the world size")
+        if self.cp > 1 and seq_len is not None and seq_len % (2 * self.cp):
+            found.append(f"--seq-len {seq_len} does not split into 2 x --cp = {2 * self.cp} chunks (the zig-zag split "
+                         "of context parallel): make it a multiple")
         if self.pp > 1:
             if shape is not None and shape.layers < self.pp:
                 found.append(f"--pp {self.pp} needs at least a block per stage; the model has {shape.layers}")
@@ -83,9 +94,9 @@ class ParallelDims:
         return found
 
     def validate(self, world_size: int, shape: LlamaShape | None = None, batch: int | None = None,
-                 microbatches: int = 1) -> None:
+                 microbatches: int = 1, seq_len: int | None = None) -> None:
         """Raise ValueError with every problem in one line each."""
-        found = self.problems(world_size, shape, batch, microbatches)
+        found = self.problems(world_size, shape, batch, microbatches, seq_len)
         if found:
             raise ValueError("; ".join(found))
 
@@ -94,8 +105,14 @@ class ParallelDims:
         ``mesh["dp_replicate", "dp_shard"]`` (HSDP's 2-D mesh)."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(device.type, (self.pp, self.dp_replicate, self.dp_shard, self.tp),
+        mesh = init_device_mesh(device.type, (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp),
                                 mesh_dim_names=MESH_DIMS)
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # FSDP2's ranks when context parallel splits the sequences
+        return mesh
+
+    def fsdp_mesh(self, mesh):
+        """The mesh FSDP2 shards over: ``dp_shard x cp`` flattened, with ``dp_replicate`` outside it (HSDP)."""
+        return mesh["dp_replicate", "dp_shard_cp"] if self.hsdp_enabled else mesh["dp_shard_cp"]
 
     def dp_index(self, mesh) -> int:
         """This rank's place among the data-parallel ranks: which share of the batch it takes."""

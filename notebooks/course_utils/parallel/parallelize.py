@@ -1,6 +1,7 @@
 """``parallelize(model, dims, mesh)``: every parallelism of :class:`ParallelDims` applied in torchtitan's
 order: the pipeline's cut first (this rank keeps its stage), then float8 (it swaps the Linear layers), then
-tensor parallel (it rewrites the layers' weights as DTensors), then activation checkpointing (it wraps whole
+tensor parallel (it rewrites the layers' weights as DTensors), then context parallel (attention round a ring),
+then activation checkpointing (it wraps whole
 blocks), then ``torch.compile`` per block (each block the same graph, compiled once), then FSDP2 (it shards
 what the others left, per block). ``clip_grad_norm`` clips by the norm over every shard, rank and stage."""
 
@@ -11,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpointing import apply_ac
+from .context import apply_cp
 from .dims import ParallelDims
 from .fsdp import apply_fsdp
 from .pipeline import cut
@@ -45,19 +47,21 @@ def apply_float8(model: nn.Module) -> None:
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, ac: str = "none", param_dtype: torch.dtype | None = None,
                 loss_parallel: bool = True, cpu_offload: bool = False, compile: bool = False,
-                float8: bool = False) -> nn.Module:
+                float8: bool = False, seq_len: int | None = None, cp_layout: str = "zigzag") -> nn.Module:
     if dims.pp_enabled:
         cut(model, dims.pp, mesh["pp"].get_local_rank())
     if float8:
         apply_float8(model)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel)
+    if dims.cp_enabled:
+        apply_cp(model, mesh["cp"], seq_len, cp_layout)
     apply_ac(model, ac)
     if compile:
         for block in model.layers.values():
             block.compile()  # in place: the parameters keep their names (checkpoints stay layout-free)
     if dims.fsdp_enabled:
-        dp_mesh = mesh["dp_replicate", "dp_shard"] if dims.hsdp_enabled else mesh["dp_shard"]
+        dp_mesh = dims.fsdp_mesh(mesh)
         # a pipeline runs each stage's forward once per micro-batch: keep the gathered weights between them
         apply_fsdp(model, dp_mesh, param_dtype=param_dtype, reshard_after_forward=not dims.pp_enabled,
                    cpu_offload=cpu_offload)
