@@ -227,3 +227,72 @@ def test_the_zigzag_split_gives_every_rank_the_same_causal_attention_work():
     assert sum(contiguous) == sum(zigzag) == 64 * 65 // 2, "the whole triangle, split"
     assert contiguous == sorted(contiguous) and contiguous[-1] > 6 * contiguous[0]  # the last rank sees every block
     assert len(set(zigzag)) == 1
+
+
+def _experts_worker(rank: int, ranks: int, init: str, gaps) -> None:
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from course_utils.parallel.experts import MoE, apply_ep
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        whole = MoE(8, 16, experts=4, top_k=2)  # every expert, on every rank: the reference
+        spread = copy.deepcopy(whole)
+        apply_ep(spread, init_device_mesh("cpu", (ranks,), mesh_dim_names=("ep",))["ep"])
+        torch.manual_seed(1 + rank)  # each rank its own tokens, as data-parallel ranks have
+        x, grad = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
+        reference, out = whole(x), spread(x)
+        (reference * grad).sum().backward()
+        (out * grad).sum().backward()
+        local = 4 // ranks
+        found = [(out - reference).abs().max().item(),
+                 (spread.router.weight.grad - whole.router.weight.grad).abs().max().item()]
+        for name in ("w1", "w3", "w2"):  # an expert's gradient: from every rank's tokens that reached it
+            summed = getattr(whole, name).grad.clone()
+            dist.all_reduce(summed)
+            found.append((getattr(spread, name).grad - summed[rank * local:(rank + 1) * local]).abs().max().item())
+        gaps[(ranks, rank)] = (max(found), len(getattr(spread, "w1")))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_experts_spread_over_ranks_compute_the_one_rank_layer_forward_and_backward(tmp_path):
+    """Four experts on 2 and on 4 ranks, dispatched and combined with all_to_all_single: each rank's output and its
+    router's gradient are the one-rank layer's, each expert's gradient the sum over every rank's tokens."""
+    import torch.multiprocessing as mp
+
+    with mp.Manager() as manager:
+        gaps = manager.dict()
+        for ranks in (2, 4):
+            mp.start_processes(_experts_worker, args=(ranks, f"file://{tmp_path / str(ranks)}", gaps), nprocs=ranks,
+                               start_method="spawn")
+        gaps = dict(gaps)
+    assert len(gaps) == 6 and max(g for g, _ in gaps.values()) <= 1e-6, gaps
+    assert {held for (ranks, _), (_, held) in gaps.items() if ranks == 4} == {1}, "each of 4 ranks holds one expert"
+
+
+def test_a_capacity_drops_the_tokens_over_it_and_the_balancing_loss_reads_the_router():
+    from course_utils.parallel.experts import MoE
+
+    torch.manual_seed(0)
+    tokens = torch.randn(64, 8)
+    moe = MoE(8, 16, experts=4, top_k=1)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 1.0  # every token prefers expert 0 where its features sum positive
+    moe(tokens)
+    skewed = (moe.stats["load"], moe.aux_loss.item())
+    assert moe.stats["dropped"] == 0 and sum(skewed[0]) == 64, "no capacity: every token kept"
+    moe.capacity_factor = 1.0
+    moe(tokens)
+    assert moe.stats["capacity"] == 16 and moe.stats["dropped"] == sum(max(0, n - 16) for n in skewed[0]) > 0
+    with torch.no_grad():
+        moe.router.weight.zero_()  # every expert equally likely: the loss at its minimum, 1
+    moe(tokens)
+    assert abs(moe.aux_loss.item() - 1.0) < 1e-6
+    assert max(skewed[0]) >= 2 * 64 / 4 and skewed[1] > 1.2, "a skewed router's load, and a loss above its minimum"
