@@ -8,6 +8,7 @@
     torchrun --standalone --nproc-per-node 4 scripts/train_lm.py --dp-replicate 2 --dp-shard 2   # HSDP
     torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --pp 2 --microbatches 4         # a pipeline
     torchrun --standalone --nproc-per-node 2 scripts/train_lm.py --cp 2                          # ring attention
+    python scripts/train_lm.py --experts 4                                                       # a mixture of experts
 
 The product of the degrees is the world size. The text is this Python's standard library unless --text
 names a file. Each step prints its loss and tokens/s (and, on a GPU, the model FLOPs utilisation against
@@ -95,6 +96,7 @@ class Step:
     def __init__(self, model, dims: ParallelDims, mesh, cfg: TrainConfig, precision: str,
                  device: torch.device) -> None:
         self.model, self.dims, self.precision, self.device = model, dims, precision, device
+        self.aux_weight = cfg.aux_loss
         self.stage = mesh["pp"].get_local_rank()
         self.schedule = build_schedule(model, self.stage, dims.pp, mesh["pp"], device, cfg.microbatches,
                                        next_token_loss, cfg.pp_schedule) if dims.pp_enabled else None
@@ -107,8 +109,13 @@ class Step:
             if self.schedule is not None:
                 return self._mean(pipeline_step(self.schedule, self.stage, self.dims.pp, x, y))
             loss = next_token_loss(self.model(x), y)
-            loss.backward()
+            (loss + self.aux_weight * self.balancing_loss()).backward()
         return loss
+
+    def balancing_loss(self) -> torch.Tensor | float:
+        """The experts' load-balancing losses of this step's forward, summed over the blocks (0 when dense)."""
+        blocks = [getattr(b, "_checkpoint_wrapped_module", b) for b in self.model.layers.values()]
+        return sum(b.feed_forward.aux_loss for b in blocks if hasattr(b.feed_forward, "aux_loss")) or 0.0
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
         with torch.no_grad(), loss_context(self.dims.tp_enabled), autocast(self.precision, self.device):
@@ -137,7 +144,11 @@ def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
 def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     world, rank = info.world_size, info.rank
     dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp)
-    model = build_llama(cfg.lm_size, seed=cfg.seed, tied=cfg.tied)  # the same weights on every rank, then split
+    model = build_llama(cfg.lm_size, seed=cfg.seed, tied=cfg.tied, experts=cfg.experts)  # on every rank, then split
+    if cfg.experts and (dims.tp_enabled or dims.pp_enabled):
+        raise ValueError("--experts with --tp or --pp is not built here: the experts' weights are one tensor each "
+                         "(tensor parallel would split them, expert parallel spreads them), and a pipeline would "
+                         "carry each stage's balancing loss; use --dp-shard, --dp-replicate or --cp")
     dims.validate(world, model.shape, cfg.batch_size, cfg.microbatches, cfg.seq_len)
     if cfg.float8 and float8_problem(device, dims):
         raise ValueError(float8_problem(device, dims))

@@ -88,6 +88,20 @@ def test_a_run_stopped_on_one_layout_resumes_on_another_where_the_unstopped_run_
         "ranks)): use a new --ckpt-dir")
 
 
+def test_a_mixture_of_experts_trains_the_same_losses_sharded_and_with_the_sequence_split():
+    """--experts 4 (every MLP a mixture, 2 experts a token, no capacity: no token dropped) in one process, on 2
+    FSDP2 ranks and on 2 context-parallel ranks. The balancing loss is left out (--aux-loss 0): each rank would
+    balance its own tokens, which changes the gradient with the split."""
+    moe = ["--experts", 4, "--aux-loss", 0]
+    one = _start([], None, *moe)
+    jobs = {"FSDP2": _start(["--dp-shard", 2], 2, *moe), "CP": _start(["--cp", 2], 2, *moe)}
+    one = parse_result(one.wait(timeout_s=180).output)
+    for name, job in jobs.items():
+        got = parse_result(job.wait(timeout_s=180).output)
+        assert _close(got["losses"], one["losses"]) and _close(got["grad_norms"], one["grad_norms"]), (name, got, one)
+    assert one["flops_per_token"] == flops_per_token(build_llama("tiny", experts=4).shape, 64)
+
+
 def test_a_layout_that_does_not_fit_is_refused_with_what_to_change():
     shape = LM_SIZES["tiny"]
     assert ParallelDims(dp_shard=2, tp=2).problems(2, shape) == [
@@ -118,12 +132,12 @@ def test_the_flops_per_token_are_the_matmuls_torch_counts_plus_six_per_norm_weig
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    for size in ("tiny", "small"):
-        model, seq = build_llama(size), 32
+    for size, experts in (("tiny", 0), ("small", 0), ("tiny", 4)):  # a mixture: the router and 2 experts a token
+        model, seq = build_llama(size, experts=experts), 32
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             model(torch.randint(0, 256, (2, seq))).float().sum().backward()
         norms = (2 * model.shape.layers + 1) * model.shape.dim  # 6N counts them; they are no matmul
-        assert counter.get_total_flops() / (2 * seq) + 6 * norms == flops_per_token(model.shape, seq), size
+        assert counter.get_total_flops() / (2 * seq) + 6 * norms == flops_per_token(model.shape, seq), (size, experts)
 
 
 def _grads(mode):

@@ -127,6 +127,10 @@ class TrainConfig:
                    "round a ring (zig-zag split)", minimum=1)
     tp: int = knob(1, "transformer", "tensor-parallel ranks (heads and hidden units split; a node's GPUs)",
                    minimum=1)
+    experts: int = knob(0, "transformer", "make every MLP a mixture of this many experts, 2 per token (0: dense)",
+                        minimum=0, same_on_resume=True)
+    aux_loss: float = knob(0.01, "transformer", "the experts' load-balancing loss, times this, added to the training "
+                           "loss (Switch Transformer's; 0: none)", minimum=0)
     pp: int = knob(1, "transformer", "pipeline stages (consecutive blocks each; the embedding on the first, the "
                    "head on the last)", minimum=1)
     microbatches: int = knob(4, "transformer", "micro-batches a rank's batch is cut into for the pipeline (--pp)",

@@ -33,6 +33,8 @@ class LlamaShape:
     tied: bool = False  # the head uses the embedding's weights
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
+    experts: int = 0  # above 0: each MLP a mixture of this many SwiGLU experts (course_utils.parallel.experts)
+    top_k: int = 2  # experts per token
 
     def __post_init__(self) -> None:
         if self.dim % self.heads or self.heads % self.kv_heads or (self.dim // self.heads) % 2:
@@ -108,7 +110,13 @@ class TransformerBlock(nn.Module):
     def __init__(self, s: LlamaShape) -> None:
         super().__init__()
         self.attention_norm, self.attention = nn.RMSNorm(s.dim, eps=s.norm_eps), Attention(s)
-        self.ffn_norm, self.feed_forward = nn.RMSNorm(s.dim, eps=s.norm_eps), FeedForward(s)
+        self.ffn_norm = nn.RMSNorm(s.dim, eps=s.norm_eps)
+        if s.experts:
+            from .parallel.experts import MoE
+
+            self.feed_forward = MoE(s.dim, s.ffn_hidden, s.experts, s.top_k)
+        else:
+            self.feed_forward = FeedForward(s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -158,10 +166,17 @@ def build_llama(size: str | LlamaShape = "tiny", seed: int = 0, **changes: int |
 
 def parameter_counts(shape: LlamaShape) -> dict[str, int]:
     """Parameters in the embedding, the layers, the final norm and the head (the head's 0 when tied)."""
+    return {"embedding": shape.vocab * shape.dim, "layers": shape.layers * _layer_weights(shape), "norm": shape.dim,
+            "head": 0 if shape.tied else shape.vocab * shape.dim}
+
+
+def _layer_weights(shape: LlamaShape, active: bool = False) -> int:
+    """One block's weights; ``active``: those one token meets (a mixture: the router and its top-k experts)."""
     d, kv = shape.dim, shape.kv_heads * shape.head_dim
-    layer = 2 * d * d + 2 * d * kv + 3 * d * shape.ffn_hidden + 2 * d
-    return {"embedding": shape.vocab * d, "layers": shape.layers * layer, "norm": d,
-            "head": 0 if shape.tied else shape.vocab * d}
+    mlp = 3 * d * shape.ffn_hidden
+    if shape.experts:
+        mlp = (shape.top_k if active else shape.experts) * mlp + d * shape.experts
+    return 2 * d * d + 2 * d * kv + mlp + 2 * d
 
 
 def flops_per_token(shape: LlamaShape, seq_len: int) -> int:
@@ -169,6 +184,6 @@ def flops_per_token(shape: LlamaShape, seq_len: int) -> int:
     token meets (2 forward, 4 backward: a multiply and an add per weight; the embedding's lookup is no
     matmul), plus attention's two matmuls, ``q k^T`` and ``scores v``: 2 x 2 x seq x dim per layer forward,
     3x that with the backward (12 x layers x dim x seq; causal masking's halving left out, as both do)."""
-    counts = parameter_counts(shape)
-    weights = counts["layers"] + counts["norm"] + shape.vocab * shape.dim  # the head's matmul, tied or not
+    # the head's matmul, tied or not; a mixture's token meets only its top-k experts
+    weights = shape.layers * _layer_weights(shape, active=True) + shape.dim + shape.vocab * shape.dim
     return 6 * weights + 12 * shape.layers * shape.dim * seq_len
