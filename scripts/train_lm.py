@@ -42,6 +42,7 @@ from course_utils.devices import PlacementError
 from course_utils.hardware import matmul_tflops, peak_memory_mib
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
 from course_utils.parallel.context import shard
+from course_utils.parallel.experts import reduce_expert_grads
 from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, float8_problem, parallelize, \
     pipeline_eval, pipeline_step
 from course_utils.precision import autocast, resolve_precision
@@ -96,7 +97,7 @@ class Step:
     def __init__(self, model, dims: ParallelDims, mesh, cfg: TrainConfig, precision: str,
                  device: torch.device) -> None:
         self.model, self.dims, self.precision, self.device = model, dims, precision, device
-        self.aux_weight = cfg.aux_loss
+        self.aux_weight, self.mesh = cfg.aux_loss, mesh
         self.stage = mesh["pp"].get_local_rank()
         self.schedule = build_schedule(model, self.stage, dims.pp, mesh["pp"], device, cfg.microbatches,
                                        next_token_loss, cfg.pp_schedule) if dims.pp_enabled else None
@@ -110,6 +111,9 @@ class Step:
                 return self._mean(pipeline_step(self.schedule, self.stage, self.dims.pp, x, y))
             loss = next_token_loss(self.model(x), y)
             (loss + self.aux_weight * self.balancing_loss()).backward()
+        if self.dims.ep_enabled:  # the spread experts' gradients, averaged as FSDP2 averages the rest
+            replicas = self.mesh["dp_replicate"].get_group() if self.dims.hsdp_enabled else None
+            reduce_expert_grads(self.model, self.dims.dp, replicas)
         return loss
 
     def balancing_loss(self) -> torch.Tensor | float:
@@ -143,13 +147,17 @@ def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
 
 def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     world, rank = info.world_size, info.rank
-    dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp)
+    dims = ParallelDims(pp=cfg.pp, dp_replicate=cfg.dp_replicate, dp_shard=cfg.dp_shard, cp=cfg.cp, tp=cfg.tp,
+                        ep=cfg.ep)
     model = build_llama(cfg.lm_size, seed=cfg.seed, tied=cfg.tied, experts=cfg.experts)  # on every rank, then split
     if cfg.experts and (dims.tp_enabled or dims.pp_enabled):
         raise ValueError("--experts with --tp or --pp is not built here: the experts' weights are one tensor each "
                          "(tensor parallel would split them, expert parallel spreads them), and a pipeline would "
                          "carry each stage's balancing loss; use --dp-shard, --dp-replicate or --cp")
     dims.validate(world, model.shape, cfg.batch_size, cfg.microbatches, cfg.seq_len)
+    if dims.ep_enabled and cfg.ckpt_dir:
+        raise ValueError("--ep with --ckpt-dir is not built yet: each rank's experts are plain tensors under the "
+                         "same names, which torch.distributed.checkpoint would take for copies; leave one out")
     if cfg.float8 and float8_problem(device, dims):
         raise ValueError(float8_problem(device, dims))
     precision, note = fsdp_precision(cfg.precision, resolve_precision(cfg.precision, device), "train_lm.py")

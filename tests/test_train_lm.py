@@ -13,7 +13,7 @@ import torch
 
 from course_utils.launch import run_script, start_script
 from course_utils.llama import LM_SIZES, build_llama, flops_per_token
-from course_utils.parallel import ParallelDims, apply_ac
+from course_utils.parallel import MESH_DIMS, ParallelDims, apply_ac
 from course_utils.results import parse_result
 
 STEPS = 4
@@ -36,7 +36,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 def _batch(flags):
     flags = [f for f in flags if f != "--compile"]
     degrees = {flags[i].lstrip("-").replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
-    dims = ParallelDims(**{k: v for k, v in degrees.items() if k in ("pp", "dp_replicate", "dp_shard", "cp", "tp")})
+    dims = ParallelDims(**{k: v for k, v in degrees.items() if k in MESH_DIMS + ("ep",)})
     return ["--batch-size", GLOBAL_BATCH // dims.dp]
 
 
@@ -77,7 +77,7 @@ def test_a_run_stopped_on_one_layout_resumes_on_another_where_the_unstopped_run_
                                                       "--pp", 2, "--tp", 2, *ckpt], nproc=4,
                                       env=ONE_THREAD).wait(180).output)
     second = parse_result(_start(["--dp-shard", 2], 2, *ckpt).wait(timeout_s=180).output)
-    assert second["resumed_from"]["layout"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 2}
+    assert second["resumed_from"]["layout"] == {"pp": 2, "dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 2, "ep": 1}
     assert first["losses"] == second["losses"][:2] and second["steps"] == STEPS
     assert _close(second["losses"], unsplit["losses"]), (first["losses"], second["losses"], unsplit["losses"])
     refused = run_script("train_lm.py", [*RUN, "--steps", STEPS + 1, "--batch-size", 4, *ckpt], check=False,
@@ -88,13 +88,16 @@ def test_a_run_stopped_on_one_layout_resumes_on_another_where_the_unstopped_run_
         "ranks)): use a new --ckpt-dir")
 
 
-def test_a_mixture_of_experts_trains_the_same_losses_sharded_and_with_the_sequence_split():
+def test_a_mixture_of_experts_trains_the_same_losses_sharded_spread_and_with_the_sequence_split():
     """--experts 4 (every MLP a mixture, 2 experts a token, no capacity: no token dropped) in one process, on 2
-    FSDP2 ranks and on 2 context-parallel ranks. The balancing loss is left out (--aux-loss 0): each rank would
-    balance its own tokens, which changes the gradient with the split."""
+    FSDP2 ranks, on 2 context-parallel ranks, with the experts spread over 2 ranks (expert parallel: tokens
+    dispatched and combined by all-to-all), and so within each of 2 replicas (HSDP). The balancing loss is left
+    out (--aux-loss 0): each rank would balance its own tokens, which changes the gradient with the split."""
     moe = ["--experts", 4, "--aux-loss", 0]
     one = _start([], None, *moe)
-    jobs = {"FSDP2": _start(["--dp-shard", 2], 2, *moe), "CP": _start(["--cp", 2], 2, *moe)}
+    jobs = {"FSDP2": _start(["--dp-shard", 2], 2, *moe), "CP": _start(["--cp", 2], 2, *moe),
+            "EP over FSDP2's ranks": _start(["--dp-shard", 2, "--ep", 2], 2, *moe),
+            "EP x HSDP": _start(["--dp-replicate", 2, "--dp-shard", 2, "--ep", 2], 4, *moe)}
     one = parse_result(one.wait(timeout_s=180).output)
     for name, job in jobs.items():
         got = parse_result(job.wait(timeout_s=180).output)
@@ -107,6 +110,10 @@ def test_a_layout_that_does_not_fit_is_refused_with_what_to_change():
     assert ParallelDims(dp_shard=2, tp=2).problems(2, shape) == [
         "--pp 1 x --dp-replicate 1 x --dp-shard 2 x --cp 1 x --tp 2 = 4 ranks, but 2 were started: make the "
         "product the world size"]
+    assert ParallelDims(dp_shard=2, tp=2, ep=2).problems(4, build_llama("tiny", experts=3).shape) == [
+        "--ep 2 spreads the experts over the --dp-shard ranks: give --dp-shard 2 (with --dp-replicate if you like), "
+        "and no --cp, --tp or --pp with it here",
+        "--ep 2 needs --experts, a multiple of 2 (each rank holds experts/ep)"]
     assert ParallelDims(cp=4).problems(4, shape, seq_len=100) == [
         "--seq-len 100 does not split into 2 x --cp = 8 chunks (the zig-zag split of context parallel): make it a "
         "multiple"]

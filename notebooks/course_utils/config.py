@@ -129,6 +129,8 @@ class TrainConfig:
                    minimum=1)
     experts: int = knob(0, "transformer", "make every MLP a mixture of this many experts, 2 per token (0: dense)",
                         minimum=0, same_on_resume=True)
+    ep: int = knob(1, "transformer", "expert-parallel ranks: the experts spread over the --dp-shard ranks, tokens "
+                   "sent to their experts with all-to-all", minimum=1)
     aux_loss: float = knob(0.01, "transformer", "the experts' load-balancing loss, times this, added to the training "
                            "loss (Switch Transformer's; 0: none)", minimum=0)
     pp: int = knob(1, "transformer", "pipeline stages (consecutive blocks each; the embedding on the first, the "

@@ -28,6 +28,7 @@ class ParallelDims:
     dp_shard: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1  # expert-parallel ranks, borrowed from dp_shard (torchtitan's way): each holds experts / ep
 
     @property
     def world_size(self) -> int:
@@ -41,6 +42,10 @@ class ParallelDims:
     @property
     def fsdp_enabled(self) -> bool:
         return self.dp * self.cp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
 
     @property
     def cp_enabled(self) -> bool:
@@ -70,6 +75,12 @@ class ParallelDims:
             found.append(f"--pp {self.pp} x --dp-replicate {self.dp_replicate} x --dp-shard {self.dp_shard} x "
                          f"--cp {self.cp} x --tp {self.tp} = {self.world_size} ranks, but {world_size} were started: "
                          "make the product the world size")
+        if self.ep > 1:
+            if self.ep != self.dp_shard or self.cp > 1 or self.tp > 1 or self.pp > 1:
+                found.append(f"--ep {self.ep} spreads the experts over the --dp-shard ranks: give --dp-shard {self.ep} "
+                             "(with --dp-replicate if you like), and no --cp, --tp or --pp with it here")
+            if shape is not None and (not shape.experts or shape.experts % self.ep):
+                found.append(f"--ep {self.ep} needs --experts, a multiple of {self.ep} (each rank holds experts/ep)")
         if self.cp > 1 and seq_len is not None and seq_len % (2 * self.cp):
             found.append(f"--seq-len {seq_len} does not split into 2 x --cp = {2 * self.cp} chunks (the zig-zag split "
                          "of context parallel): make it a multiple")

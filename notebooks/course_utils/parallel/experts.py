@@ -105,6 +105,23 @@ class MoE(nn.Module):
         return wait_tensor(all_to_all_single_autograd(returned.contiguous(), send_sizes, recv_sizes, group))
 
 
+def expert_params(model: nn.Module) -> list[nn.Parameter]:
+    """The experts' weights of every mixture in ``model`` that :func:`apply_ep` spread: each rank holds others."""
+    return [p for m in model.modules() if isinstance(m, MoE) and m.ep_group is not None for p in (m.w1, m.w3, m.w2)]
+
+
+def reduce_expert_grads(model: nn.Module, dp: int, replicate_group=None) -> None:
+    """Make the spread experts' gradients the mean over the data-parallel ranks, as FSDP2 makes the others':
+    an expert's gradient already sums every ep rank's tokens (the all-to-all's backward brought them); replicas
+    of it (HSDP's ``dp_replicate``) add theirs; then divide by the data-parallel ranks."""
+    for p in expert_params(model):
+        if p.grad is None:
+            continue
+        if replicate_group is not None:
+            dist.all_reduce(p.grad, group=replicate_group)
+        p.grad.div_(dp)
+
+
 def apply_ep(moe: MoE, ep_mesh) -> None:
     """Keep only this rank's ``E / ep`` experts of ``moe`` (consecutive rows), and dispatch over ``ep_mesh``."""
     ranks, rank = ep_mesh.size(), ep_mesh.get_local_rank()

@@ -13,6 +13,7 @@ from torch import nn
 
 from .checkpointing import apply_ac
 from .context import apply_cp
+from .experts import MoE, apply_ep, expert_params
 from .dims import ParallelDims
 from .fsdp import apply_fsdp
 from .pipeline import cut
@@ -56,6 +57,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, ac: str = "none", pa
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel)
     if dims.cp_enabled:
         apply_cp(model, mesh["cp"], seq_len, cp_layout)
+    if dims.ep_enabled:
+        for moe in [m for m in model.modules() if isinstance(m, MoE)]:
+            apply_ep(moe, mesh["dp_shard"])
     apply_ac(model, ac)
     if compile:
         for block in model.layers.values():
@@ -64,7 +68,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, ac: str = "none", pa
         dp_mesh = dims.fsdp_mesh(mesh)
         # a pipeline runs each stage's forward once per micro-batch: keep the gathered weights between them
         apply_fsdp(model, dp_mesh, param_dtype=param_dtype, reshard_after_forward=not dims.pp_enabled,
-                   cpu_offload=cpu_offload)
+                   cpu_offload=cpu_offload, ignored=set(expert_params(model)))
     return model
 
 
@@ -72,12 +76,18 @@ def clip_grad_norm(model: nn.Module, max_norm: float, dims: ParallelDims, mesh) 
     """Clip ``model``'s gradients to ``max_norm`` by their norm over the whole model, and return that norm
     (before clipping): the same number in every layout. DTensor sums the squares over the shards of FSDP2 and
     tensor parallel; the stages' squares are summed across the pipeline here."""
-    params = [p for p in model.parameters() if p.grad is not None]
+    spread = set(expert_params(model))  # each ep rank holds other experts: their squares summed over the ranks
+    params = [p for p in model.parameters() if p.grad is not None and p not in spread]
     norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    squared = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).float() ** 2
+    if spread:
+        experts = torch.nn.utils.get_total_norm([p.grad for p in spread]).float() ** 2
+        dist.all_reduce(experts, group=mesh["dp_shard"].get_group())
+        squared = squared + experts
     if dims.pp_enabled:
-        squared = norm.float() ** 2
         dist.all_reduce(squared, group=mesh["pp"].get_group())
-        norm = squared.sqrt()
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    norm = squared.sqrt()
+    for group in (params, list(spread)):  # sharded DTensors and plain tensors: clipped apart
+        if group:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return norm.item()
