@@ -54,12 +54,13 @@ from gpu_packages import what_is_lacking  # noqa: E402
 from gpu_plan import (current_here, estimate_s, need_s, pick_notebooks, plan, ran_here, resume,  # noqa: E402
                       run_in_turn)
 from gpu_report import load_report, make_record, markdown, result_words  # noqa: E402
-from gpu_runs import (flops_per_image, measure_matmul, read_machine, run_ladder, run_notebook,  # noqa: E402
+from gpu_runs import (flops_per_image, measure_matmul, read_machine, run_ladder, run_notebook, run_transformer,  # noqa: E402
                       run_traces, training_share)
 
 REPORT_S = 30  # kept back at the end of the budget for the report
 LADDER_GUESS_S = {"cuda": 360, "cpu": 120}  # the ladder's time before it has been measured on this hardware
 TRACES_S = 90  # the per-rank traces: a short training run and its reading
+TRANSFORMER_S = 120  # train_lm.py's tokens/s and MFU: one process, then FSDP2 over the GPUs
 _now = time.monotonic  # the budget's clock (tests drive their own)
 
 
@@ -114,6 +115,8 @@ class Check:
         self.matmul, self.share = self.previous.get("matmul", []), self.previous.get("training_share", {})
         traces = self.previous.get("traces")
         self.traces = traces if (traces or {}).get("hardware") == self.hardware else None
+        transformer = self.previous.get("transformer")
+        self.transformer = transformer if (transformer or {}).get("hardware") == self.hardware else None
         if not self.ladder_here():
             measured = [r for r in self.on_record if "rungs" in (r.get("ladder") or {})
                         and r["ladder"].get("profile", r["profile"]) == self.main_profile]
@@ -153,7 +156,8 @@ class Check:
                   "torch": self.machine["env"]["torch"], "environment": self.machine["env"],
                   "notebooks": [r for p in sorted(self.latest) for r in self.latest[p].values()],
                   "ladder_model": self.ladder.get("model", self.model), "ladder": self.ladder, "matmul": self.matmul,
-                  "training_share": self.share, "traces": self.traces, "seconds": seconds, "runs": runs}
+                  "training_share": self.share, "traces": self.traces, "transformer": self.transformer,
+                  "seconds": seconds, "runs": runs}
         (self.args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
         (self.args.out / "report.md").write_text(markdown(report))
         return report
@@ -244,15 +248,33 @@ class Check:
                        "hardware": self.hardware, "profile": self.main_profile, "date": self.started,
                        "torch": self.machine["env"]["torch"]}
 
+    def measure_transformer(self) -> None:
+        """scripts/train_lm.py's tokens/s and MFU, after the notebooks, the ladder and the traces, as the budget
+        allows (once per hardware unless --rerun)."""
+        done = self.transformer is not None and all("error" not in r for r in self.transformer["layouts"].values())
+        if not self.ladder_here() or (done and not self.args.rerun):
+            return
+        if self.left_s() < TRANSFORMER_S:
+            print(f"  the transformer's tokens/s not measured: {self.left_s():.0f} s of the budget left; the next run "
+                  "measures it", flush=True)
+            return
+        print("  the transformer's tokens/s and MFU (scripts/train_lm.py) ...", flush=True)
+        self.transformer = {**run_transformer(self.args.out, len(self.machine["env"].get("gpus") or []), self.args.cpu,
+                                              min(300, self.left_s()), self.main_profile),
+                            "hardware": self.hardware, "profile": self.main_profile, "date": self.started,
+                            "torch": self.machine["env"]["torch"]}
+        self.save()
+
     def finish(self) -> int:
         """The report, this run's record, what is left; 0 when nothing is left and nothing failed."""
         print(f"\n{markdown(self.save())}\nwritten: {self.args.out / 'report.md'} and report.json", flush=True)
         ladder, passes = self.ladder, self.passes
         if self.ran or "rungs" in ladder and ladder.get("date") == self.started \
-                or (self.traces or {}).get("date") == self.started:
+                or (self.traces or {}).get("date") == self.started \
+                or (self.transformer or {}).get("date") == self.started:
             record = make_record(self.started, self.machine, ", ".join(passes),
                                  [self.latest[p][n] for p, n in self.ran], ladder, self.matmul, self.share,
-                                 self.argv, self.args.cpu, self.traces)
+                                 self.argv, self.args.cpu, self.traces, self.transformer)
             path = self.args.out / gpu_records.record_name(self.started, self.hardware)
             path.write_text(json.dumps(record, indent=2, default=str) + "\n")
             print(f"this run's record: {path}; commit it: cp {path} {self.args.records}/ and "
@@ -285,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         check.run_pass(profile)
     check.measure_ladder()
     check.record_traces()
+    check.measure_transformer()
     return check.finish()
 
 

@@ -63,6 +63,21 @@ def markdown(report: dict[str, Any]) -> str:
     else:
         lines += [f"{traces['hardware']}, {traces['date']}: {traces['model']} on {traces['ranks']} rank(s)", "",
                   "```", traces["table"], "```"]
+    lm = report.get("transformer") or {"layouts": {}}
+    lines += ["", "## The transformer (scripts/train_lm.py)", ""]
+    if not lm["layouts"]:
+        lines.append("not measured yet")
+    else:
+        lines += [f"{lm['hardware']}, {lm['date']}: the {lm['size']} decoder, {lm['seq_len']} tokens a sequence, "
+                  f"{lm['batch_per_rank']} a rank", "", "| layout | precision | tokens/s | per device | MFU | peak MiB |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for name, r in lm["layouts"].items():
+            if "error" in r:
+                lines.append(f"| {name} | failed: {r['error'][:120]} | | | | |")
+                continue
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "(a CPU: none)"
+            lines.append(f"| {name} | {r['precision']} | {r['tokens_per_s'] or 0:,.0f} | "
+                         f"{r['tokens_per_s_per_device'] or 0:,.0f} | {mfu} | {r['peak_memory_mib'] or 0:,.0f} |")
     share = report["training_share"]
     if share:
         lines += ["", f"The best rung ({share['rung']}) trains at {share['train_tflops']:.2f} TFLOP/s: "
@@ -115,7 +130,7 @@ def _commit() -> str | None:
 
 def make_record(started: str, machine: dict[str, Any], profile: str, results: list[dict[str, Any]],
                 ladder: dict[str, Any], matmul: list[dict[str, Any]], share: dict[str, Any], argv: list[str] | None,
-                cpu: bool, traces: dict[str, Any] | None = None) -> dict:
+                cpu: bool, traces: dict[str, Any] | None = None, transformer: dict[str, Any] | None = None) -> dict:
     """This run's record for records/gpu (scripts/gpu_records.py): the machine, the commit, each notebook it ran."""
     env = machine["env"]
     measured = "rungs" in ladder and ladder.get("date") == started
@@ -128,5 +143,6 @@ def make_record(started: str, machine: dict[str, Any], profile: str, results: li
             "ladder": ladder if measured else None, "matmul": matmul if measured else [],
             "training_share": share if measured else {},
             "traces": traces if traces and traces.get("date") == started else None,
+            "transformer": transformer if transformer and transformer.get("date") == started else None,
             **({"matmul_size": "512 x 512, 3 repeats" if cpu else "8192 x 8192, 20 repeats"} if measured else {})}
 

@@ -135,6 +135,35 @@ def run_traces(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: str) 
     return {**parse_result(read.output), "ranks": ranks, "model": model, "table": table}
 
 
+def run_transformer(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: str) -> dict[str, Any]:
+    """scripts/train_lm.py's tokens/s and MFU (against the GPU's measured bf16 matmul rate): the decoder in one
+    process, then FSDP2 over every GPU where there are two or more. Each layout's numbers; or why it failed."""
+    from course_utils.launch import run_script
+    from course_utils.results import parse_result, results_in
+
+    size, seq, batch = ("tiny", 64, 8) if cpu else ("base", 1024, 8)
+    base = ["--lm-size", size, "--seq-len", seq, "--steps", 10 if cpu else 30, "--log-every", 100,
+            "--device", "cpu" if cpu else "cuda"]
+    layouts = {"1 process": (None, ["--batch-size", batch])}
+    if gpus >= 2:
+        layouts[f"FSDP2 over {gpus} GPUs"] = (gpus, ["--batch-size", batch, "--dp-shard", gpus])
+    rows, logs, begin = {}, [], time.monotonic()
+    for name, (nproc, extra) in layouts.items():
+        left = max(60.0, timeout_s - (time.monotonic() - begin))
+        run = run_script("train_lm.py", [*base, *extra], nproc=nproc, timeout_s=left, env={"COURSE_PROFILE": profile},
+                         check=False, echo=False)
+        logs.append(run.output)
+        if run.returncode != 0 or not results_in(run.output):
+            rows[name] = {"error": f"exit code {run.returncode}: {run.output.strip()[-400:]}"}
+            continue
+        r = parse_result(run.output)
+        rows[name] = {k: r.get(k) for k in ("world_size", "precision", "tokens_per_s", "tokens_per_s_per_device",
+                                            "mfu", "peak_memory_mib", "flops_per_token")} | {"loss": r["losses"][-1]}
+    (out / "logs").mkdir(exist_ok=True)
+    (out / "logs" / "transformer.log").write_text("\n".join(logs))
+    return {"size": size, "seq_len": seq, "batch_per_rank": batch, "layouts": rows}
+
+
 def training_share(ladder: dict[str, Any], matmul: list[dict[str, Any]], flops_per_image: float) -> dict[str, Any]:
     """The best rung's training FLOP/s against the fastest matmul format measured (bf16 on a GPU)."""
     kept = [r for r in ladder.get("rungs", []) if r["status"] == "kept"]

@@ -77,6 +77,11 @@ def test_the_lease_command_in_its_cpu_mode_brings_back_the_whole_report_and_a_re
     traces = report["traces"]
     assert traces["ranks"] == 1 and traces["hta_overlap_pct"] is None and "(CPU threads)" in traces["table"], traces
     assert record["traces"] == traces and traces["table"] in text
+    # scripts/train_lm.py's throughput: one process here (FSDP2 over the GPUs where there are two or more)
+    lm = report["transformer"]
+    (one,) = lm["layouts"].values()
+    assert one["tokens_per_s"] > 0 and one["mfu"] is None and one["loss"] < 5.6, lm  # no MFU without a GPU's peak
+    assert record["transformer"] == lm and "## The transformer (scripts/train_lm.py)" in text
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
