@@ -216,6 +216,21 @@ def test_a_transformer_layout_that_parted_from_the_unsplit_run_fails():
         check_transformer_layouts(one, {"tensor parallel": {**tp, "grad_norms": [2.18, 1.73, 1.88]}}, on_gpu=False)
 
 
+def test_a_zigzag_split_that_left_ranks_uneven_fails_and_a_router_read_as_even_fails():
+    from course_utils.checks import check_expert_load, check_zigzag_balance
+
+    check_zigzag_balance({"contiguous": [136, 392, 648, 904], "zigzag": [520, 520, 520, 520]})
+    with pytest.raises(ClaimFailed, match="the same work"):  # a split that only shuffled the chunks
+        check_zigzag_balance({"contiguous": [136, 392, 648, 904], "zigzag": [392, 136, 904, 648]})
+    with pytest.raises(ClaimFailed, match="whole causal triangle"):  # a split that skipped the diagonal blocks
+        check_zigzag_balance({"contiguous": [136, 392, 648, 904], "zigzag": [480, 480, 480, 480]})
+    check_expert_load([640, 712, 679, 1291, 711, 405, 2150, 1604], 4096, 2, 1.061)
+    with pytest.raises(ClaimFailed, match="every token went to 2 experts"):  # top-1 routing counted as top-2
+        check_expert_load([320, 356, 340, 645, 355, 203, 1075, 802], 4096, 2, 1.061)
+    with pytest.raises(ClaimFailed, match="balancing loss read it"):
+        check_expert_load([640, 712, 679, 1291, 711, 405, 2150, 1604], 4096, 2, 1.0)
+
+
 def test_interleaved_run_against_a_formula_rejects_1f1bs():
     from course_utils import solutions
     from course_utils.checks import check_interleaved_run

@@ -315,6 +315,34 @@ def test_interleaved_bubble_checker(wrong):
         exercises.check_interleaved_bubble(wrong, MEASURED_BUBBLE, 4)
 
 
+@pytest.fixture(scope="module")
+def routed_text():
+    """Notebook 12's layer and tokens: the standard library's first 4,096 bytes, embedded, through 8 experts."""
+    import torch
+
+    from course_utils.data.text import load_tokens
+    from course_utils.parallel.experts import MoE
+
+    torch.manual_seed(0)
+    embedded = torch.nn.Embedding(256, 64)(load_tokens("stdlib", max_bytes=4096)).detach()
+    return MoE(64, 176, experts=8, top_k=2), embedded
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda load, n, e, k: 1.0,                                 # the even share: the busiest expert overflows
+    lambda load, n, e, k: max(load) / (n / e),                 # top_k forgotten: twice what is needed
+    lambda load, n, e, k: max(load) / (sum(load) / len(load)) + 0.2,  # rounded up generously
+    lambda load, n, e, k: sum(load) / n,                       # assignments per token, not the busiest expert
+    lambda load, n, e, k: None,                                # not a number
+])
+def test_no_drop_capacity_checker_routes_the_tokens_again_and_rejects_a_factor_too_small_or_too_large(routed_text,
+                                                                                                    wrong):
+    moe, tokens = routed_text
+    exercises.check_no_drop_capacity(solutions.no_drop_capacity, moe, tokens)
+    with pytest.raises(WrongAnswer):
+        exercises.check_no_drop_capacity(wrong, moe, tokens)
+
+
 # notebook 10's DLIO runs on the 2-core CI machine (CPU AMD EPYC, 2 cores, under load): one worker's 16.64 ms per
 # batch of 64 JPEGs, a hand-over of 4.16 ms, compute times 0.8, 1.6 and 3.2 times shorter than the worker's time;
 # the utilisation measured by number of workers

@@ -373,6 +373,9 @@ COVERED = {
            "made / subprocess.run() / --n-val / str()": "test_10_staging_job",
            "rec / slurm.wait() / timeout_s=": "test_10_staging_job"},
     "11": {"TIMEOUT_S": "test_11_hang", "BATCH": "test_11_memory"},
+    "12": {"LM_ARGS / --lm-size": "test_12_long_sequences_and_experts",
+           "LM_ARGS / --seq-len": "test_12_long_sequences_and_experts",
+           "LM_ARGS / --steps": "test_12_long_sequences_and_experts", "TEXT_BYTES": "test_12_long_sequences_and_experts"},
 }
 
 
@@ -1049,3 +1052,31 @@ def test_11_memory(full):
     """Section 6 trains resnet18 with AdamW at the full profile's batch on one GPU, then again with the allocator
     capped between step 1's peak and step 2's: both fit the card with the course's margin."""
     assert fits(full.target, train_memory("resnet18", full.value("11", "BATCH"), "adamw"))
+
+
+# --------------------------------------------------------------------------- #
+# 12 long sequences and experts
+# --------------------------------------------------------------------------- #
+def test_12_long_sequences_and_experts(full):
+    """The decoder on the plan's ranks: its sequence split zig-zag over all of them (and over 2 beside FSDP2 on 4),
+    8 sequences a step dealt evenly, 4 experts spread over the ranks, the unsplit run within the card and each run
+    within its 300 s; the text for the router within what the standard library holds."""
+    from course_utils.llama import LM_SIZES, build_llama, flops_per_token
+    from course_utils.parallel import ParallelDims
+
+    t, plan = full.target, full.value("12", "PLAN")
+    names = {"DEVICE": plan.device}
+    size, seq = full.pick("12", "LM_ARGS / --lm-size", **names), full.pick("12", "LM_ARGS / --seq-len", **names)
+    steps = full.pick("12", "LM_ARGS / --steps", **names)
+    n = plan.nproc
+    moe = build_llama(size, experts=4).shape
+    layouts = [(ParallelDims(cp=n), 8), (ParallelDims(dp_shard=n, ep=n), 8 // n)]
+    layouts += [(ParallelDims(cp=2, dp_shard=2), 4)] if n >= 4 else []
+    for dims, batch in layouts:
+        assert dims.problems(n if dims.world_size == n else 4, moe, batch, 1, seq) == [], dims
+        assert batch * dims.dp == 8
+    assert full.pick("12", "TEXT_BYTES") <= 4_000_000  # load_tokens' default cap: the stdlib holds more
+    if plan.device == "cuda":
+        assert n <= t.gpus_per_node and fits(t, lm_train_memory(size, 8, seq))
+        flops = flops_per_token(LM_SIZES[size], seq) * 8 * seq * steps
+        assert 300 >= TIMEOUT_MARGIN * (STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY))

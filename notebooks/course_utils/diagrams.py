@@ -208,3 +208,35 @@ def column_row_chart(ranks: int = 2):
     ax.set_title(f"a tensor-parallel MLP on {ranks} ranks: one all-reduce forward (and one backward)", fontsize=10)
     fig.tight_layout()
     _show()
+
+
+def ring_attention_chart(ranks: int = 4):
+    """Ring attention, step by step, for a contiguous and a zig-zag split: the key/value block each rank holds at
+    each step (step s: the block of rank - s), and the share of it a causal mask leaves to compute (pale: none)."""
+    from .parallel.context import positions
+
+    colours = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * ranks + 1.8))
+    seq = 4 * ranks  # positions only: the picture is the same at any length that splits
+    for ax, layout in zip(axes, ("contiguous", "zigzag"), strict=True):
+        for step in range(ranks):
+            for rank in range(ranks):
+                owner = (rank - step) % ranks
+                q, k = positions(layout, rank, ranks, seq), positions(layout, owner, ranks, seq)
+                share = (k[None, :] <= q[:, None]).float().mean().item()  # the causal mask's visible pairs
+                ax.add_patch(plt.Rectangle((step, rank), 0.92, 0.85, color=colours(owner % 10),
+                                           alpha=0.15 + 0.75 * share))
+                ax.text(step + 0.46, rank + 0.42, f"K,V of {owner}\n{share:.0%}", ha="center", va="center",
+                        fontsize=7)
+        ax.set_xlim(0, ranks)
+        ax.set_ylim(ranks, 0)
+        ax.set_xticks([s + 0.46 for s in range(ranks)], [f"step {s + 1}" for s in range(ranks)])
+        ax.set_yticks([r + 0.42 for r in range(ranks)], [f"rank {r}" for r in range(ranks)])
+        ax.tick_params(length=0)
+        for side in ax.spines.values():
+            side.set_visible(False)
+        ax.set_title(f"{layout} split", fontsize=9)
+    fig.suptitle("ring attention: the K,V block each rank holds at each step, and the share a causal mask computes",
+                 fontsize=9)
+    fig.tight_layout()
+    _show()

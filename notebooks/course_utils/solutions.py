@@ -116,3 +116,9 @@ def behind(records: dict) -> tuple[int, int, str]:
     seq = last[rank] + 1
     op = next(e["op"] for entries in records.values() for e in entries if e["seq"] == seq)
     return rank, seq, op
+
+
+def no_drop_capacity(load: list[int], tokens: int, experts: int, top_k: int) -> float:
+    # an expert's capacity is the factor times its even share of the assignments (tokens x top_k / experts); the
+    # busiest expert must fit, so the factor is its load over that share
+    return max(load) / (tokens * top_k / experts)

@@ -48,6 +48,7 @@ from .foundations import (
 )
 from .frameworks import check_asha_against_fifo, check_four_trainers, check_lightning_jobs
 from .parallelism import (
+    check_expert_load,
     check_fsdp_tp,
     check_interleaved_run,
     check_param_server,
@@ -55,6 +56,7 @@ from .parallelism import (
     check_sequence_parallel,
     check_tensor_parallel,
     check_transformer_layouts,
+    check_zigzag_balance,
 )
 from .sharding import (
     check_activation_checkpointing,

@@ -139,3 +139,25 @@ def check_transformer_layouts(unsplit: Mapping, layouts: Mapping[str, Mapping], 
                and max(gap(run, "losses"), gap(run, "grad_norms")) <= rel)
               for label, run in layouts.items()]
     verify(claims)
+
+
+def check_zigzag_balance(work: Mapping[str, Sequence[int]]) -> None:
+    """The query-key pairs each rank's causal attention computes, per split (``contiguous``, ``zigzag``)."""
+    contiguous, zigzag = work["contiguous"], work["zigzag"]
+    verify([
+        ("both splits compute the whole causal triangle", sum(contiguous) == sum(zigzag)),
+        (f"the contiguous split leaves the last rank {contiguous[-1] / contiguous[0]:.1f} x the first rank's work",
+         contiguous[-1] > contiguous[0] and list(contiguous) == sorted(contiguous)),
+        ("the zig-zag split gives every rank the same work", len(set(zigzag)) == 1),
+    ])
+
+
+def check_expert_load(load: Sequence[int], tokens: int, top_k: int, aux_loss: float) -> None:
+    """The router's load per expert on real text, and Switch's balancing loss for it."""
+    even = tokens * top_k / len(load)
+    verify([
+        (f"every token went to {top_k} experts: {sum(load):,} assignments", sum(load) == tokens * top_k),
+        ("the load is uneven: the busiest expert took more than its even share, the idlest less",
+         max(load) > even > min(load)),
+        (f"the balancing loss read it: {aux_loss:.3f}, above the 1 of an even router", aux_loss > 1.0),
+    ])

@@ -42,6 +42,7 @@ from .frameworks import (
     check_trials_at_once,
     deepspeed_reads,
 )
-from .parallelism import BUBBLE_CASES, check_interleaved_bubble, check_tp_plan, run_tp_plans, tp_plan_verdict
+from .parallelism import (BUBBLE_CASES, check_interleaved_bubble, check_no_drop_capacity, check_tp_plan, run_tp_plans,
+                          tp_plan_verdict)
 from .data import AU_SLACK, PLAN_CASES, check_plan_workers
 from .debugging import BEHIND_CASES, check_behind, made_records

@@ -1,4 +1,4 @@
-"""Notebook 09: the interleaved pipeline's bubble, a tensor-parallel plan."""
+"""Notebook 09: the interleaved pipeline's bubble, a tensor-parallel plan. Notebook 12: the experts' capacity."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .core import WrongAnswer, _close, passed
 
@@ -102,3 +104,34 @@ def check_tp_plan(plan: Callable[[], Mapping[str, Any]], device: str = "cpu", ra
           f"{row['input_grad_gap']:.1e}; each rank holds {row['weight_share']:.0%} of the weights; forward "
           f"{row['forward']} ({sum(row['forward_bytes'].values()):,} B), backward {row['backward']}")
     passed("gate and up split by output features alike, down by input features: one all-reduce forward")
+
+
+def check_no_drop_capacity(capacity: Callable[[Sequence[int], int, int, int], float], moe: Any,
+                           tokens: Any) -> None:
+    """``capacity(load, tokens, experts, top_k)``: the smallest capacity factor at which ``moe`` drops no token of
+    ``tokens``, judged by routing them again at that factor and just below it (3% less)."""
+    with torch.no_grad():
+        moe.capacity_factor = None
+        moe.route(tokens)
+        load, n = list(moe.stats["load"]), tokens.shape[0]
+        try:
+            factor = float(capacity(load, n, moe.experts, moe.top_k))
+        except (TypeError, ValueError) as exc:
+            raise WrongAnswer(f"capacity(...) returns a number, the capacity factor: {exc}") from None
+        dropped = {}
+        for f in (factor, 0.97 * factor):
+            moe.capacity_factor = f
+            moe.route(tokens)
+            dropped[f] = moe.stats["dropped"]
+        moe.capacity_factor = None
+    if not math.isfinite(factor) or factor <= 0:
+        raise WrongAnswer(f"a capacity factor is a positive number, not {factor!r}")
+    if dropped[factor]:
+        raise WrongAnswer(f"at {factor:.3f} the layer dropped {dropped[factor]} token assignments: the busiest expert "
+                          "took more than its capacity")
+    if not dropped[0.97 * factor]:
+        raise WrongAnswer(f"at {factor:.3f} nothing is dropped, but nothing is at 3% less either: a smaller factor "
+                          "would do")
+    print(f"capacity factor {factor:.3f}: {n:,} tokens, {moe.top_k} experts each, no assignment dropped; at 3% less, "
+          f"{dropped[0.97 * factor]} dropped")
+    passed("the busiest expert's load over the even share (tokens x top_k / experts) is the smallest factor")
