@@ -49,27 +49,23 @@ def build_schedule(model: nn.Module, stage: int, stages: int, pp_mesh, device: t
     return getattr(pipelining, SCHEDULES[name])(piece, n_microbatches=microbatches, loss_fn=loss_fn)
 
 
+def _through(run, stage: int, stages: int, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    losses: list[torch.Tensor] = []
+    inputs = (x,) if stage == 0 else ()  # the first stage feeds the inputs, the last computes the loss
+    if stage == stages - 1:
+        run(*inputs, target=y, losses=losses)
+    else:
+        run(*inputs)
+    return losses
+
+
 def pipeline_step(schedule, stage: int, stages: int, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
     """One forward and backward of the whole batch through the pipeline: the first stage feeds ``x``, the last
     computes the loss on ``y`` and returns the micro-batches' losses (the other stages: ``[]``)."""
-    losses: list[torch.Tensor] = []
-    inputs = (x,) if stage == 0 else ()
-    if stage == stages - 1:
-        schedule.step(*inputs, target=y, losses=losses)
-    else:
-        schedule.step(*inputs)
-    return losses
+    return _through(schedule.step, stage, stages, x, y)
 
 
 def pipeline_eval(schedule, stage: int, stages: int, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor] | None:
     """The micro-batches' losses of a forward-only pass (the last stage; ``[]`` elsewhere), or ``None`` where
     this torch's schedules have no ``eval`` (older releases)."""
-    if not hasattr(schedule, "eval"):
-        return None
-    losses: list[torch.Tensor] = []
-    inputs = (x,) if stage == 0 else ()
-    if stage == stages - 1:
-        schedule.eval(*inputs, target=y, losses=losses)
-    else:
-        schedule.eval(*inputs)
-    return losses
+    return _through(schedule.eval, stage, stages, x, y) if hasattr(schedule, "eval") else None
