@@ -210,14 +210,14 @@ def column_row_chart(ranks: int = 2):
     _show()
 
 
-def ring_attention_chart(ranks: int = 4):
-    """Ring attention, step by step, for a contiguous and a zig-zag split: the key/value block each rank holds at
-    each step (step s: the block of rank - s), and the share of it a causal mask leaves to compute (pale: none)."""
+def ring_attention_chart(ranks: int = 4, seq: int = 64):
+    """Ring attention, step by step, for a contiguous and a zig-zag split of ``seq`` tokens: the key/value block
+    each rank holds at each step (step s: the block of rank - s), and the share of its query-key pairs a causal
+    mask leaves to compute (pale: none, the block skipped)."""
     from .parallel.context import positions
 
     colours = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * ranks + 1.8))
-    seq = 4 * ranks  # positions only: the picture is the same at any length that splits
     for ax, layout in zip(axes, ("contiguous", "zigzag"), strict=True):
         for step in range(ranks):
             for rank in range(ranks):

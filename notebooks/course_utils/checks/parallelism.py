@@ -159,5 +159,6 @@ def check_expert_load(load: Sequence[int], tokens: int, top_k: int, aux_loss: fl
         (f"every token went to {top_k} experts: {sum(load):,} assignments", sum(load) == tokens * top_k),
         ("the load is uneven: the busiest expert took more than its even share, the idlest less",
          max(load) > even > min(load)),
-        (f"the balancing loss read it: {aux_loss:.3f}, above the 1 of an even router", aux_loss > 1.0),
+        (f"the balancing loss read it: {aux_loss:.3f}, above 1 (its value where the router's probabilities are "
+         "even)", aux_loss > 1.0),
     ])

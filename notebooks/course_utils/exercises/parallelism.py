@@ -106,32 +106,50 @@ def check_tp_plan(plan: Callable[[], Mapping[str, Any]], device: str = "cpu", ra
     passed("gate and up split by output features alike, down by input features: one all-reduce forward")
 
 
+# (load per expert, tokens, experts, top_k): loads a router could give, their even shares not always whole
+CAPACITY_CASES = [([5, 9, 3, 7], 12, 4, 2), ([10, 4, 6], 10, 3, 2), ([300, 20, 80, 112, 0, 500, 12, 0], 512, 8, 2)]
+
+
 def check_no_drop_capacity(capacity: Callable[[Sequence[int], int, int, int], float], moe: Any,
                            tokens: Any) -> None:
-    """``capacity(load, tokens, experts, top_k)``: the smallest capacity factor at which ``moe`` drops no token of
-    ``tokens``, judged by routing them again at that factor and just below it (3% less)."""
+    """``capacity(load, tokens, experts, top_k)``: the smallest capacity factor at which no expert gets more
+    assignments than its capacity. Judged on ``moe``'s routing of ``tokens`` (routed again: nothing dropped at the
+    answer, something at the next capacity down), then on loads not measured here."""
+    from ..parallel.experts import capacity_for
+
     with torch.no_grad():
         moe.capacity_factor = None
         moe.route(tokens)
         load, n = list(moe.stats["load"]), tokens.shape[0]
-        try:
-            factor = float(capacity(load, n, moe.experts, moe.top_k))
-        except (TypeError, ValueError) as exc:
-            raise WrongAnswer(f"capacity(...) returns a number, the capacity factor: {exc}") from None
-        dropped = {}
-        for f in (factor, 0.97 * factor):
-            moe.capacity_factor = f
-            moe.route(tokens)
-            dropped[f] = moe.stats["dropped"]
+        cases = [(load, n, moe.experts, moe.top_k), *CAPACITY_CASES]
+        for i, (case_load, case_n, experts, top_k) in enumerate(cases):
+            try:
+                factor = float(capacity(list(case_load), case_n, experts, top_k))
+            except (TypeError, ValueError) as exc:
+                raise WrongAnswer(f"capacity(...) returns a number, the capacity factor: {exc}") from None
+            if not math.isfinite(factor) or factor <= 0:
+                raise WrongAnswer(f"a capacity factor is a positive number, not {factor!r}")
+            got, need = capacity_for(factor, case_n, experts, top_k), max(case_load)
+            where = ("this run's routing" if i == 0
+                     else f"load {case_load} ({case_n} tokens, {experts} experts, top {top_k})")
+            if got < need:
+                raise WrongAnswer(f"on {where}: {factor:.4f} gives each expert {got} assignments, and the busiest "
+                                  f"has {need}: it drops some")
+            if got > need:
+                raise WrongAnswer(f"on {where}: {factor:.4f} gives each expert {got} assignments, more than the "
+                                  f"busiest needs ({need}): a smaller factor drops nothing either")
+            if i == 0:  # the run itself: routed again at the answer, and at the capacity just below
+                moe.capacity_factor = factor
+                moe.route(tokens)
+                kept_all = moe.stats["dropped"] == 0
+                moe.capacity_factor = (need - 1) * experts / (case_n * top_k)
+                moe.route(tokens)
+                dropped_below = moe.stats["dropped"]
+                if not kept_all or not dropped_below:
+                    raise WrongAnswer(f"routed again at {factor:.4f}, the layer dropped assignments, or none one "
+                                      "capacity below: the load it was given is not the layer's")
+                first = factor
         moe.capacity_factor = None
-    if not math.isfinite(factor) or factor <= 0:
-        raise WrongAnswer(f"a capacity factor is a positive number, not {factor!r}")
-    if dropped[factor]:
-        raise WrongAnswer(f"at {factor:.3f} the layer dropped {dropped[factor]} token assignments: the busiest expert "
-                          "took more than its capacity")
-    if not dropped[0.97 * factor]:
-        raise WrongAnswer(f"at {factor:.3f} nothing is dropped, but nothing is at 3% less either: a smaller factor "
-                          "would do")
-    print(f"capacity factor {factor:.3f}: {n:,} tokens, {moe.top_k} experts each, no assignment dropped; at 3% less, "
-          f"{dropped[0.97 * factor]} dropped")
+    print(f"capacity factor {first:.3f} on this run: {n:,} tokens, {moe.top_k} experts each, no assignment dropped; "
+          f"one capacity less, {dropped_below} dropped; and right on {len(CAPACITY_CASES)} loads not measured here")
     passed("the busiest expert's load over the even share (tokens x top_k / experts) is the smallest factor")

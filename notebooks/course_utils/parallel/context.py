@@ -79,6 +79,9 @@ class RingAttention(torch.autograd.Function):
         kv = [k, v]
         for step in range(ranks):
             k_pos = positions(layout, (rank - step) % ranks, ranks, q_pos.numel() * ranks).to(q.device)
+            if k_pos.min() > q_pos.max():  # every key after every query: the causal mask leaves nothing to compute
+                kv = _rotate(kv, group) if step < ranks - 1 else kv
+                continue
             part, part_lse = _block(q.float(), kv[0].float(), kv[1].float(), q_pos, k_pos, scale)
             if lse is None:  # the first block is this rank's own: every row sees at least itself
                 out, lse = part, part_lse
@@ -104,6 +107,12 @@ class RingAttention(torch.autograd.Function):
         kv, dkv = [k, v], [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
         for step in range(ranks):
             k_pos = positions(layout, (rank - step) % ranks, ranks, q_pos.numel() * ranks).to(q.device)
+            if k_pos.min() > q_pos.max():  # masked out in the forward: no gradient, the block goes on
+                if step < ranks - 1:
+                    kv, dkv = _rotate(kv, group), _rotate(dkv, group)
+                else:
+                    dkv = _rotate(dkv, group)
+                continue
             kf, vf = kv[0].float(), kv[1].float()
             scores = (qf @ kf.transpose(-2, -1)) * scale
             scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))

@@ -22,6 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def capacity_for(factor: float, tokens: int, experts: int, top_k: int) -> int:
+    """An expert's capacity: ``factor`` times its even share of the assignments, ``tokens x top_k / experts``,
+    rounded up (a hair of float rounding forgiven, so that a factor computed as a ratio lands on its integer)."""
+    return math.ceil(factor * tokens * top_k / experts - 1e-9)
+
+
 class MoE(nn.Module):
     """``experts`` SwiGLU experts of ``hidden`` units, ``top_k`` per token. ``capacity_factor=None``: no token is
     dropped (each expert may take every token)."""
@@ -50,8 +56,8 @@ class MoE(nn.Module):
         n = tokens.shape[0]
         load = torch.bincount(expert.flatten(), minlength=self.experts)
         self.aux_loss = self.experts * ((load.float() / (n * self.top_k)) * probs.mean(0)).sum()
-        capacity = n * self.top_k if self.capacity_factor is None else math.ceil(
-            self.capacity_factor * n * self.top_k / self.experts)
+        capacity = n * self.top_k if self.capacity_factor is None else capacity_for(
+            self.capacity_factor, n, self.experts, self.top_k)
         token = torch.arange(n, device=tokens.device).repeat_interleave(self.top_k)
         expert, weight = expert.flatten(), weight.flatten()
         order = torch.argsort(expert, stable=True)  # the pairs grouped by expert, in token order within each
