@@ -12,7 +12,7 @@
 
 The product of the degrees is the world size. The text is this Python's standard library unless --text
 names a file. Each step prints its loss and tokens/s (and, on a GPU, the model FLOPs utilisation against
-the GPU's measured bf16 matmul rate); the last line is ``RESULT {json}`` with one loss per step
+the GPU's measured bf16 matmul rate, fp16's before Ampere); the last line is ``RESULT {json}`` with one loss per step
 (``losses``) and the gradients' norm before clipping (``grad_norms``), so two layouts compare from
 the command line. With --ckpt-dir every rank writes its shards
 (torch.distributed.checkpoint) every --ckpt-every-steps and at the end, and a new run resumes from them on
@@ -201,7 +201,11 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
 
     tokens_per_step = global_batch * cfg.seq_len
     fpt = flops_per_token(model.shape, cfg.seq_len)
-    peak = matmul_tflops(torch.bfloat16, device=device) * 1e12 if device.type == "cuda" else None
+    # the GPU's tensor-core peak: bf16 from Ampere on; before it (Turing: Frontera's RTX 5000) bf16 is emulated
+    # and slow, so fp16's rate is the peak
+    half = torch.bfloat16 if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0) \
+        else torch.float16
+    peak = matmul_tflops(half, device=device) * 1e12 if device.type == "cuda" else None
     cdist.print0(f"{cfg.lm_size} decoder, {sum(parameter_counts(model.shape).values()) / 1e6:.2f} M "
                  f"parameters, on {world} rank(s) as {dims}; {tokens_per_step:,} tokens a step, {precision}")
     stop = StopRequest()
