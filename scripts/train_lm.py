@@ -39,7 +39,7 @@ from course_utils.config import GROUPS, TrainConfig, add_config_args, config_fro
     unsupported
 from course_utils.data.text import TokenBatches, load_tokens
 from course_utils.devices import PlacementError
-from course_utils.hardware import matmul_tflops, peak_memory_mib
+from course_utils.hardware import peak_memory_mib, tensor_core_peak_tflops
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
 from course_utils.parallel.context import shard
 from course_utils.parallel.experts import reduce_expert_grads
@@ -201,11 +201,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
 
     tokens_per_step = global_batch * cfg.seq_len
     fpt = flops_per_token(model.shape, cfg.seq_len)
-    # the GPU's tensor-core peak: bf16 from Ampere on; before it (Turing: Frontera's RTX 5000) bf16 is emulated
-    # and slow, so fp16's rate is the peak
-    half = torch.bfloat16 if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0) \
-        else torch.float16
-    peak = matmul_tflops(half, device=device) * 1e12 if device.type == "cuda" else None
+    peak = tensor_core_peak_tflops(device)  # TFLOP/s, None on a CPU
     cdist.print0(f"{cfg.lm_size} decoder, {sum(parameter_counts(model.shape).values()) / 1e6:.2f} M "
                  f"parameters, on {world} rank(s) as {dims}; {tokens_per_step:,} tokens a step, {precision}")
     stop = StopRequest()
@@ -227,7 +223,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         started = now
         if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps):
             rate = timed_tokens / timed_s if timed_s else 0.0
-            mfu = f", MFU {rate * fpt / world / peak:.1%}" if peak else ""
+            mfu = f", MFU {rate * fpt / world / (peak * 1e12):.1%}" if peak else ""
             print(f"step {step}/{cfg.steps}: loss {losses[-1]:.4f}, {rate:,.0f} tokens/s{mfu}", flush=True)
         if ckpt and cfg.ckpt_every_steps and step % cfg.ckpt_every_steps == 0:
             save()
@@ -252,7 +248,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  "grad_norms": grad_norms, "val_loss": val_loss,
                  "tokens_per_step": tokens_per_step, "tokens_per_s": rate,
                  "tokens_per_s_per_device": rate / world if rate else None, "flops_per_token": fpt,
-                 "mfu": rate * fpt / world / peak if rate and peak else None, "resumed_from": resumed_from,
+                 "mfu": rate * fpt / world / (peak * 1e12) if rate and peak else None, "resumed_from": resumed_from,
                  "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device)})
     return 0
 

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .paths import child_env
-from .precision import cpu_bf16_here
+from .precision import BF16_MIN_CAPABILITY, cpu_bf16_here
 from .precision import tf32 as tf32_switch
 from .precision import tf32_state
 
@@ -225,6 +225,17 @@ def matmul_tflops(dtype: torch.dtype, n: int = 4096, device: str | torch.device 
             sync(device)  # a CUDA product is queued: its time is until the GPU has finished it
             fastest = min(fastest, time.perf_counter() - start)
     return 2 * n**3 / fastest / 1e12
+
+
+def tensor_core_peak_tflops(device: str | torch.device) -> float | None:
+    """A GPU's measured matmul rate in its fastest half format, the peak MFU is taken against: bf16 from Ampere
+    (8.0) on; before it (Turing: Frontera's RTX 5000) bf16 is emulated and slow, so fp16's. None on a CPU,
+    where no tensor-core peak stands for what the hardware can do."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    half = torch.bfloat16 if torch.cuda.get_device_capability(device) >= BF16_MIN_CAPABILITY else torch.float16
+    return matmul_tflops(half, device=device)
 
 
 def matmul_table(device: str | torch.device = "cpu", n: int = 4096, repeats: int = 10) -> list[dict[str, Any]]:
