@@ -137,7 +137,9 @@ def run_traces(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: str) 
 
 def run_transformer(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: str) -> dict[str, Any]:
     """scripts/train_lm.py's tokens/s and MFU (against the GPU's measured bf16 matmul rate): the decoder in one
-    process, then FSDP2 over every GPU where there are two or more. Each layout's numbers; or why it failed."""
+    process, compiled per block on a GPU (where CI's CPUs do not: inductor's C++ build costs them minutes; its
+    losses beside the eager run's), then FSDP2 over every GPU where there are two or more. Each layout's
+    numbers; or why it failed."""
     from course_utils.launch import run_script
     from course_utils.results import parse_result, results_in
 
@@ -145,6 +147,8 @@ def run_transformer(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: 
     base = ["--lm-size", size, "--seq-len", seq, "--steps", 10 if cpu else 30, "--log-every", 100,
             "--device", "cpu" if cpu else "cuda"]
     layouts = {"1 process": (None, ["--batch-size", batch])}
+    if not cpu:
+        layouts["1 process, each block compiled"] = (None, ["--batch-size", batch, "--compile"])
     if gpus >= 2:
         layouts[f"FSDP2 over {gpus} GPUs"] = (gpus, ["--batch-size", batch, "--dp-shard", gpus])
     rows, logs, begin = {}, [], time.monotonic()
@@ -158,7 +162,8 @@ def run_transformer(out: Path, gpus: int, cpu: bool, timeout_s: float, profile: 
             continue
         r = parse_result(run.output)
         rows[name] = {k: r.get(k) for k in ("world_size", "precision", "tokens_per_s", "tokens_per_s_per_device",
-                                            "mfu", "peak_memory_mib", "flops_per_token")} | {"loss": r["losses"][-1]}
+                                            "mfu", "peak_memory_mib", "flops_per_token")} | {
+            "loss": r["losses"][-1], "losses": r["losses"]}
     (out / "logs").mkdir(exist_ok=True)
     (out / "logs" / "transformer.log").write_text("\n".join(logs))
     return {"size": size, "seq_len": seq, "batch_per_rank": batch, "layouts": rows}
