@@ -413,8 +413,8 @@ def _space(base=None, batch=None, lr=None):
     """A search space like the reference, with one part written otherwise."""
     from ray import tune
 
-    return lambda: {"base_lr": base or tune.loguniform(1e-3, 1e-1), "batch_size": batch or tune.choice([32, 64, 128]),
-                    "lr": lr or tune.sample_from(lambda spec: spec.config.base_lr * spec.config.batch_size / 32)}
+    return lambda: {"_base_lr": base or tune.loguniform(1e-3, 1e-1), "batch_size": batch or tune.choice([32, 64, 128]),
+                    "lr": lr or tune.sample_from(lambda config: config["_base_lr"] * config["batch_size"] / 32)}
 
 
 def _wrong_spaces():
@@ -423,12 +423,15 @@ def _wrong_spaces():
     return {
         "uniform base": _space(base=tune.uniform(1e-3, 1e-1)),
         "a decade too low": _space(base=tune.loguniform(1e-4, 1e-2)),
-        "lr not scaled": _space(lr=tune.sample_from(lambda spec: spec.config.base_lr)),
-        "scaled by the batch, not batch / 32": _space(lr=tune.sample_from(lambda spec: spec.config.base_lr * spec.config.batch_size)),
+        "lr not scaled": _space(lr=tune.sample_from(lambda config: config["_base_lr"])),
+        "scaled by the batch, not batch / 32": _space(lr=tune.sample_from(lambda config: config["_base_lr"] * config["batch_size"])),
         "batch from a range": _space(batch=tune.randint(32, 129)),
         "base from a few values": _space(base=tune.choice([1e-3, 1e-2, 1e-1])),
         "lr drawn on its own": _space(lr=tune.loguniform(1e-3, 4e-1)),
-        "no lr key": lambda: {"base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128])},
+        "no lr key": lambda: {"_base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128])},
+        "a key the trial does not read": lambda: {
+            "base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128]),
+            "lr": tune.sample_from(lambda config: config["base_lr"] * config["batch_size"] / 32)},
         "not a dict": lambda: [tune.loguniform(1e-3, 1e-1)],
     }
 
@@ -452,6 +455,8 @@ def _rank_and_next(records, rank):
     lambda rec: (lambda r, s, o: (r, s - 1, o))(*solutions.behind(rec)),  # its own last collective, not the one missed
     lambda rec: (lambda r, s, o: (r, s, rec[r][-1]["op"]))(*solutions.behind(rec)),  # the op from its own record
     lambda rec: (1, *solutions.behind(rec)[1:]),  # rank 1, as in the notebook's run
+    # the last collective any rank recorded: wrong once NCCL's CPUs have queued more behind the one they wait in
+    lambda rec: (solutions.behind(rec)[0], max(e["seq"] for es in rec.values() for e in es), "all_reduce"),
 ])
 def test_behind_checker(wrong):
     run = exercises.made_records(2, 3, 1, 2)  # the notebook's run: rank 1 stuck before collective #3

@@ -30,7 +30,8 @@ TORCH_FILES = re.compile(r"[/\\](torch|site-packages)[/\\]")
 def read_flight_records(folder: str | Path, group: str = "0") -> dict[int, list[dict[str, Any]]]:
     """Each rank's collectives in process group ``group`` (the default group is "0"), oldest first:
     ``seq`` (the group's count of collectives, the same number on every rank for the same call), ``op``,
-    ``shapes`` and ``where`` (the first line outside torch that called it). Files are named
+    ``shapes``, ``where`` (the first line outside torch that called it) and ``state`` (gloo's recorder
+    marks every call scheduled; NCCL's also started and completed, as the GPU runs it). Files are named
     ``<prefix><rank>``; a folder without any is an error that says what to set."""
     files = sorted(p for p in Path(folder).glob("*") if re.search(r"\d+$", p.name))
     if not files:
@@ -48,7 +49,8 @@ def _entry(e: dict[str, Any]) -> dict[str, Any]:
     caller = next((f for f in e.get("frames", []) if not TORCH_FILES.search(f["filename"])), None)
     return {"seq": e["collective_seq_id"], "op": e["profiling_name"].split(":")[-1],
             "shapes": [list(s) for s in e["input_sizes"]],
-            "where": f"{Path(caller['filename']).name}:{caller['line']}" if caller else "?"}
+            "where": f"{Path(caller['filename']).name}:{caller['line']}" if caller else "?",
+            "state": e.get("state", "?")}
 
 
 def records_table(records: dict[int, list[dict[str, Any]]], last: int = 3) -> str:

@@ -85,9 +85,10 @@ def interleaved_bubble(stages: int, microbatches: int, chunks: int) -> float:
 def scaled_lr_space() -> dict:
     from ray import tune
 
-    # the base rate log-uniform (each decade alike), the batch a choice; lr resolved from both for each trial
-    return {"base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128]),
-            "lr": tune.sample_from(lambda spec: spec.config.base_lr * spec.config.batch_size / 32)}
+    # the base rate log-uniform (each decade alike), the batch a choice; lr resolved from both for each trial. The
+    # base is the search's own value, which the trial does not read: its name starts with an underscore
+    return {"_base_lr": tune.loguniform(1e-3, 1e-1), "batch_size": tune.choice([32, 64, 128]),
+            "lr": tune.sample_from(lambda config: config["_base_lr"] * config["batch_size"] / 32)}
 
 
 def swiglu_plan() -> dict:

@@ -10,33 +10,43 @@ from .core import ExerciseNotDone, WrongAnswer, passed
 Records = dict[int, list[dict[str, Any]]]
 
 
-def _entry(seq: int, op: str) -> dict[str, Any]:
-    return {"seq": seq, "op": op, "shapes": [[2372]], "where": "train.py:94"}
+def _entry(seq: int, op: str, state: str) -> dict[str, Any]:
+    return {"seq": seq, "op": op, "shapes": [[2372]], "where": "train.py:94", "state": state}
 
 
 def made_records(world: int, last: int, behind: int, behind_last: int, keep: int | None = None,
-                 ops: tuple[tuple[int, str], ...] = ()) -> Records:
-    """Flight records of ``world`` ranks: every rank entered collectives 1..``last`` (and waits in the last),
-    except rank ``behind``, whose last was ``behind_last``; ``keep``: each rank's recorder holds only its
-    last ``keep`` entries (a buffer that wrapped round); ``ops``: the operation of a sequence number, else
-    all_reduce."""
+                 ops: tuple[tuple[int, str], ...] = (), queued: int = 0) -> Records:
+    """Flight records of ``world`` ranks: every rank completed collectives 1..``last`` - 1 and waits in ``last``
+    (started), except rank ``behind``, whose last was ``behind_last`` (completed); ``keep``: each rank's recorder
+    holds only its last ``keep`` entries (a buffer that wrapped round); ``ops``: the operation of a sequence
+    number, else all_reduce; ``queued``: collectives the waiting ranks' CPUs issued after the one they wait in
+    (NCCL's are asynchronous: a CPU runs ahead of its GPU), recorded as scheduled."""
     ops = dict(ops)
     records = {}
     for rank in range(world):
-        top = behind_last if rank == behind else last
-        entries = [_entry(s, ops.get(s, "all_reduce")) for s in range(1, top + 1)]
+        if rank == behind:
+            entries = [_entry(s, ops.get(s, "all_reduce"), "completed") for s in range(1, behind_last + 1)]
+        else:
+            entries = [_entry(s, ops.get(s, "all_reduce"),
+                              "completed" if s < last else "started" if s == last else "scheduled")
+                       for s in range(1, last + queued + 1)]
         records[rank] = entries[-keep:] if keep else entries
     return records
 
 
-# (what the case stands for, world, last, behind, behind_last, keep, ops) -> the answer: (rank, seq, op)
-BEHIND_CASES = {
-    ("4 ranks, rank 2 stuck in its data loading", 4, 5, 2, 4, None, ()): (2, 5, "all_reduce"),
-    ("8 ranks, each recorder kept its last 4 entries", 8, 10, 6, 9, 4, ()): (6, 10, "all_reduce"),
-    ("rank 0 writing a checkpoint while the others wait in a barrier", 4, 4, 0, 3, None, ((4, "barrier"),)):
-        (0, 4, "barrier"),
-    ("an all_gather after all_reduces, 3 ranks", 3, 6, 1, 5, None, ((6, "all_gather"),)): (1, 6, "all_gather"),
-}
+# (what the case stands for, made_records' arguments) -> the answer: (rank, seq, op)
+BEHIND_CASES = [
+    ("4 ranks, rank 2 stuck in its data loading", dict(world=4, last=5, behind=2, behind_last=4), (2, 5, "all_reduce")),
+    ("8 ranks, each recorder kept its last 4 entries", dict(world=8, last=10, behind=6, behind_last=9, keep=4),
+     (6, 10, "all_reduce")),
+    ("rank 0 writing a checkpoint while the others wait in a barrier",
+     dict(world=4, last=4, behind=0, behind_last=3, ops=((4, "barrier"),)), (0, 4, "barrier")),
+    ("an all_gather after all_reduces, 3 ranks", dict(world=3, last=6, behind=1, behind_last=5, ops=((6, "all_gather"),)),
+     (1, 6, "all_gather")),
+    ("NCCL, 4 ranks: the waiting ranks' CPUs queued 3 more collectives (a broadcast first) behind the one they wait in",
+     dict(world=4, last=7, behind=3, behind_last=6, queued=3, ops=((8, "broadcast"),)), (3, 7, "all_reduce")),
+    ("rank 1 stuck before its first collective", dict(world=2, last=1, behind=1, behind_last=0), (1, 1, "all_reduce")),
+]
 
 
 def check_behind(behind: Callable[[Records], tuple[int, int, str]], run_records: Records, stuck_rank: int) -> None:
@@ -47,7 +57,7 @@ def check_behind(behind: Callable[[Records], tuple[int, int, str]], run_records:
     op = next(e["op"] for rank, entries in run_records.items() if rank != stuck_rank for e in entries
               if e["seq"] == missed)
     cases = [("this run", run_records, (stuck_rank, missed, op))]
-    cases += [(name, made_records(*shape), want) for (name, *shape), want in BEHIND_CASES.items()]
+    cases += [(name, made_records(**shape), want) for name, shape, want in BEHIND_CASES]
     for name, records, want in cases:
         try:
             got = behind(records)

@@ -146,17 +146,22 @@ def draw_configs(space: Mapping[str, Any], n: int = 3000, seed: int = 0) -> list
     from ray.tune.search.variant_generator import generate_variants
 
     rng = np.random.RandomState(seed)
-    return [config["config"] for _ in range(n)
-            for _, config in generate_variants({"config": dict(space)}, random_state=rng)]
+    return [config for _ in range(n) for _, config in generate_variants(dict(space), random_state=rng)]
 
 
 def scaled_space_verdict(configs: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the drawn configurations do not follow ``lr = base x batch_size / 32`` with the batch from
     :data:`SCALED_BATCHES` and the base log-uniform over :data:`BASE_LR`, or None if they do. Tolerances:
     5 points on a share of 3,000 draws (about 6 standard errors)."""
+    from ..tuning.trial import trial_settings
+
     n = len(configs)
     if not all("lr" in c and "batch_size" in c for c in configs):
         return "every trial needs an 'lr' and a 'batch_size' (the keys the course's trial reads)"
+    try:
+        trial_settings(configs[0])
+    except (TypeError, ValueError) as exc:
+        return f"the course's trial would stop on this configuration: {exc}"
     batches = [c["batch_size"] for c in configs]
     if set(batches) != set(SCALED_BATCHES) or any(abs(batches.count(b) / n - 1 / 3) > 0.05 for b in SCALED_BATCHES):
         shares = {b: f"{batches.count(b) / n:.0%}" for b in sorted(set(batches), key=str)[:8]}
@@ -177,9 +182,11 @@ def scaled_space_verdict(configs: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def check_search_space(space: Callable[[], Mapping[str, Any]]) -> None:
+def check_search_space(space: Callable[[], Mapping[str, Any]], search: Callable[..., Any] | None = None) -> None:
     """``space()``: a Tune search space whose trials get ``batch_size`` from :data:`SCALED_BATCHES` and
-    ``lr = base x batch_size / 32``, the base log-uniform over :data:`BASE_LR`; judged on 3,000 draws."""
+    ``lr = base x batch_size / 32``, the base log-uniform over :data:`BASE_LR`; judged on 3,000 draws, then
+    (given ``search``: ``search(space, name=..., num_samples=...)`` -> a ResultGrid, the notebook's
+    ``tuning.run_search`` with its settings) on two trials Tune runs from it: each must train with its draw."""
     got = space()
     if not isinstance(got, Mapping):
         raise WrongAnswer(f"a search space is a dict (tune.Tuner's param_space), not {got!r}")
@@ -193,4 +200,18 @@ def check_search_space(space: Callable[[], Mapping[str, Any]]) -> None:
     shares = {b: sum(c["batch_size"] == b for c in configs) / len(configs) for b in SCALED_BATCHES}
     print(f"{len(configs):,} draws: batch sizes {', '.join(f'{b} {s:.0%}' for b, s in shares.items())}; "
           f"lr from {min(c['lr'] for c in configs):.2g} to {max(c['lr'] for c in configs):.2g}")
+    if search is not None:
+        from ..tuning.report import trials
+
+        grid = search(got, name="exercise", num_samples=2)
+        for result in grid:
+            if result.error:
+                raise WrongAnswer(f"a trial of your space failed: {first_line(result.error)}")
+        for row in trials(grid, 1):
+            cfg = row["config"]
+            used = row["lr"][0] if row["lr"] else None
+            if used is None or abs(used - cfg["lr"]) > 1e-9 * cfg["lr"]:
+                raise WrongAnswer(f"Tune drew lr {cfg['lr']:.3g} for a trial, and its optimiser used {used}")
+            print(f"a trial Tune ran: batch_size {cfg['batch_size']}, base {cfg['lr'] * 32 / cfg['batch_size']:.3g}"
+                  f", its optimiser's lr {used:.3g}")
     passed("the base log-uniform, the batch a choice, and lr resolved from both with tune.sample_from")

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..config import TrainConfig
 from ..paths import REPO_ROOT
+from ..progress import StatusLine
 from .trial import ddp_trial, tune_trial
 
 METRIC, MODE = "val_loss", "min"  # what every search ranks its trials by
@@ -142,6 +143,37 @@ class _OneLineErrors(logging.Filter):
         return True
 
 
+def _status_reporter(name: str, line: Any, every_s: float = 5.0) -> Any:
+    """A Tune progress reporter that writes one line, ``line(text)`` (a :class:`~course_utils.progress.StatusLine`:
+    in place in a notebook, printed in a log), every ``every_s`` seconds: the trials running, finished and
+    waiting, and the best result so far. It replaces Tune's own notebook reporter, an HTML table that a saved
+    notebook keeps as an empty display."""
+    import time
+
+    from ray.tune import ProgressReporter
+
+    class StatusReporter(ProgressReporter):
+        def __init__(self) -> None:
+            self.last = 0.0
+
+        def should_report(self, trials: list[Any], done: bool = False) -> bool:
+            now = time.monotonic()
+            if done or now - self.last < every_s:
+                return False
+            self.last = now
+            return True
+
+        def report(self, trials: list[Any], done: bool, *sys_info: str) -> None:
+            states = [t.status for t in trials]
+            scores = [t.last_result.get(METRIC) for t in trials if t.last_result]
+            scores = [x for x in scores if isinstance(x, (int, float))]
+            best = f"; best {METRIC} {min(scores) if MODE == 'min' else max(scores):.4f}" if scores else ""
+            line(f"search {name}: {states.count('RUNNING')} trial(s) running, {states.count('TERMINATED')} "
+                 f"finished, {states.count('PENDING')} waiting{best}")
+
+    return StatusReporter()
+
+
 @contextlib.contextmanager
 def _quiet_tune():
     """:data:`_QUIET`'s loggers held at their levels for the search, and put back as they were afterwards."""
@@ -226,6 +258,7 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
         # the same draws for the same seed; it limits concurrency itself (TuneConfig's limit is for searchers)
         search_alg = BasicVariantGenerator(random_state=seed, max_concurrent=max_concurrent or 0)
         max_concurrent = None
+    status = StatusLine()  # the search's progress, one line (cleared at its end)
     tuner = tune.Tuner(
         trainable,
         param_space={**param_space, "base": asdict(base)},
@@ -233,6 +266,7 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                     search_alg=search_alg, max_concurrent_trials=max_concurrent,
                                     reuse_actors=workers == 1),  # a DDP trial's Ray Train is started afresh
         run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=verbose,
+                                  progress_reporter=_status_reporter(name, status),
                                   callbacks=[*callbacks, _count_running(path)],
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   # the best epoch's checkpoint (scored by held_out_score) and the latest (resumed);
@@ -242,7 +276,7 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                                                           checkpoint_score_attribute=METRIC,
                                                                           checkpoint_score_order=MODE)),
     )
-    with _quiet_tune():
+    with _quiet_tune(), status:
         return tuner.fit()
 
 

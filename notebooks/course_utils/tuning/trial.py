@@ -29,10 +29,13 @@ Report = Callable[[dict[str, Any], str], None]  # (metrics, folder holding the c
 def trial_settings(params: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
     """A trial's :class:`TrainConfig` (the base settings, then the sampled ones) and the CNN's shape."""
     names = {f.name for f in fields(TrainConfig)}
-    unknown = set(params) - names - set(SHAPE_KEYS) - set(RUN_KEYS)
+    # a name with a leading underscore is the search's own (a value other values are drawn from); any other
+    # name the trial does not read is refused, so that a misspelt one is not silently left out
+    unknown = {k for k in params if not k.startswith("_")} - names - set(SHAPE_KEYS) - set(RUN_KEYS)
     if unknown:
         raise ValueError(f"a search space sets TrainConfig fields or {', '.join(SHAPE_KEYS)}, "
-                         f"not {', '.join(sorted(unknown))}")
+                         f"not {', '.join(sorted(unknown))}; name a value that only helps draw others "
+                         "with a leading underscore (_base_lr)")
     cfg = TrainConfig(**{**params.get("base", {}), **{k: v for k, v in params.items() if k in names}})
     return cfg, {k: params[k] for k in SHAPE_KEYS if k in params}
 
