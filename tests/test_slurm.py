@@ -85,6 +85,17 @@ def test_frontera_sweep_packs_a_trial_per_gpu_and_ft3_takes_one_gpu_per_trial():
     assert "#SBATCH --gres=gpu:a100:2" in (REPO_ROOT / "slurm" / "ft3" / "multi_node_srun.sbatch").read_text()
 
 
+def test_a_wait_says_where_each_job_stands_and_why_a_pending_one_waits():
+    """What slurm.wait shows while it polls (on a real queue PENDING is the long part): each job's state, an
+    array's tasks counted by state, Slurm's reason for the pending ones, and a job Slurm does not know."""
+    records = {7: [{"JobState": "PENDING", "Reason": "Priority"}],
+               8: [{"JobState": "RUNNING", "Reason": "None"}, {"JobState": "PENDING", "Reason": "Resources"},
+                   {"JobState": "RUNNING", "Reason": "None"}],
+               9: []}
+    assert slurm.job_states(records) == ("job 7 PENDING (Priority); job 8 2 RUNNING, 1 PENDING (Resources); "
+                                         "job 9 not known to Slurm")
+
+
 @pytest.mark.parametrize("site", sorted(SITES))
 def test_the_ray_pattern_is_one_task_per_node_and_never_stops_other_jobs_ray(site):
     """(Notebook 08 prints these lines.) One Slurm task, one Ray node, per node; and no `ray stop`,

@@ -267,3 +267,17 @@ def test_every_trainer_takes_deterministic_kernels_from_its_environment(monkeypa
         torch.use_deterministic_algorithms(before["use_deterministic_algorithms"])
         torch.backends.cudnn.deterministic = before["cudnn_deterministic"]
         torch.backends.cudnn.benchmark = before["cudnn_benchmark"]
+
+
+def test_without_a_progress_bar_a_long_epoch_says_where_it_is_now_and_then(monkeypatch, capsys):
+    """A batch log gets no bar: a line at most every LINE_EVERY_S (60 s) says the job is alive and where it is
+    (here every logged step, the interval set to 0); with the interval not reached, nothing."""
+    from course_utils import trainer as trainer_module
+
+    _linear_trainer(8, 1, log_every=2).fit()
+    assert "batch" not in capsys.readouterr().out, "an epoch shorter than the interval prints no line"
+    monkeypatch.setattr(trainer_module, "LINE_EVERY_S", 0.0)
+    _linear_trainer(8, 1, log_every=2).fit()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 0: batch")]
+    assert lines[0].startswith("epoch 0: batch 2/8, step 2, loss ") and lines[-1].startswith("epoch 0: batch 8/8"), lines
+    assert len(lines) == 4, lines

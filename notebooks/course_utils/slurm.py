@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,20 +219,42 @@ def job_records(job_id: int) -> list[dict[str, str]]:
     return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.stdout.strip().splitlines() if line]
 
 
+def job_states(records: dict[int, list[dict[str, str]]]) -> str:
+    """One line of where each job stands: its state (an array's tasks counted by state), and why a pending job
+    waits (Slurm's Reason: Priority, Resources, ...), the long part on a busy cluster."""
+    parts = []
+    for job, recs in records.items():
+        states = [r.get("JobState", "?") for r in recs] or ["not known to Slurm"]
+        counts = {state: states.count(state) for state in dict.fromkeys(states)}
+        text = ", ".join(f"{n} {state}" if len(states) > 1 else state for state, n in counts.items())
+        reasons = sorted({r.get("Reason") for r in recs if r.get("JobState") == "PENDING"} - {None, "None"})
+        parts.append(f"job {job} {text}" + (f" ({', '.join(reasons)})" if reasons else ""))
+    return "; ".join(parts)
+
+
 def wait(job_ids: list[int], timeout_s: float = 600, poll_s: float = 1.0) -> dict[int, list[dict[str, str]]]:
-    """Poll until every job (and array task) has ended; their final records."""
+    """Poll until every job (and array task) has ended; their final records. Where they stand is one line that
+    changes as they do (:func:`job_states`: in place in a notebook, a line per change elsewhere)."""
+    from .progress import StatusLine
+
     records: dict[int, list[dict[str, str]]] = {}
+    shown, start = "", time.monotonic()
 
     def all_ended() -> dict[int, list[dict[str, str]]] | None:
+        nonlocal shown
         records.update({j: job_records(j) for j in job_ids})
         ended = all(recs and all(r.get("JobState") in FINAL_STATES for r in recs) for recs in records.values())
+        now = job_states(records)
+        if not ended and now != shown:
+            status(f"{now} (after {time.monotonic() - start:.0f} s)")
+            shown = now
         return records if ended else None
 
     def still_running() -> SlurmError:
-        states = {j: [r.get("JobState") for r in recs] for j, recs in records.items()}
-        return SlurmError(f"jobs not finished after {timeout_s:.0f} s: {states}")
+        return SlurmError(f"jobs not finished after {timeout_s:.0f} s: {job_states(records)}")
 
-    return wait_until(all_ended, timeout_s, still_running, interval_s=poll_s)
+    with StatusLine() as status:
+        return wait_until(all_ended, timeout_s, still_running, interval_s=poll_s)
 
 
 def squeue() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,6 +111,9 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, precisi
     return sums[0].item() / n, sums[1].item() / n
 
 
+LINE_EVERY_S = 60.0  # how often a run without a progress bar (a Slurm log) prints where it is
+
+
 @dataclass
 class EpochStats:
     epoch: int
@@ -162,6 +166,7 @@ class Trainer:
         self.global_step = 0
         self.history: list[EpochStats] = []
         self.step_losses: list[float] = []
+        self._last_line = time.monotonic()  # without a progress bar (a batch log): a line every LINE_EVERY_S
         self.step_callback: Callable[[], None] | None = None  # e.g. a profiler's step()
         # after each epoch, its checkpoint written: e.g. Ray Tune's report (course_utils.tuning)
         self.epoch_callback: Callable[[EpochStats], None] | None = None
@@ -254,7 +259,7 @@ class Trainer:
             if self.step_callback is not None:
                 self.step_callback()
             if (i + 1) % self.cfg.log_every == 0 or i + 1 == n_batches:
-                self._log_step(loss.item(), it)
+                self._log_step(loss.item(), it, i + 1, n_batches)
         meter.stop()
         if hasattr(it, "close"):
             it.close()
@@ -283,13 +288,18 @@ class Trainer:
             else torch.zeros((), device=self.device)
         return start, n_batches, batches, total, resume.get("count", 0)
 
-    def _log_step(self, loss: float, bar: Any) -> None:
+    def _log_step(self, loss: float, bar: Any, batch: int, n_batches: int) -> None:
         self.step_losses.append(loss)
         if self.writer:
             self.writer.add_scalar("loss/train_step", loss, self.global_step)
             self.writer.add_scalar("lr", self.optimizer.param_groups[0]["lr"], self.global_step)
         if hasattr(bar, "set_postfix"):
             bar.set_postfix(loss=f"{loss:.3f}")
+        elif cdist.is_main_process() and time.monotonic() - self._last_line >= LINE_EVERY_S:
+            # a batch log has no bar: a line now and then says the job is alive and where it is in a long epoch
+            self._last_line = time.monotonic()
+            print(f"epoch {self.epoch}: batch {batch}/{n_batches}, step {self.global_step}, loss {loss:.4f}",
+                  flush=True)
 
     def _settle_buckets(self, x: torch.Tensor) -> None:
         """Let DDP reorder its gradient buckets before the first real step of a run.
