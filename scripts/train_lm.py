@@ -39,8 +39,10 @@ from course_utils.config import GROUPS, TrainConfig, add_config_args, config_fro
     unsupported
 from course_utils.data.text import TokenBatches, load_tokens
 from course_utils.devices import PlacementError
+from course_utils.errors import fail
 from course_utils.hardware import peak_memory_mib, tensor_core_peak_tflops
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
+from course_utils.parallel.context import SENT as ring_sent
 from course_utils.parallel.context import shard
 from course_utils.parallel.experts import reduce_expert_grads
 from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, float8_problem, parallelize, \
@@ -58,11 +60,6 @@ LEFT_OUT = {"dataset", "data_root", "n_train", "n_val", "workers", "pin_memory",
             "bucket_cap_mb", "grad_as_bucket_view", "log_dir", "trace_dir", "progress"}
 CLIP = 1.0  # the gradients' norm over every shard and rank, clipped: the same in every layout
 VAL_SEQUENCES = 64
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    return code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,6 +204,8 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     stop = StopRequest()
     stop.install(signal.SIGUSR1)
     timed_tokens, timed_s, started = 0, 0.0, None
+    ring_sent.update(forward=0, backward=0)  # the ring's bytes (context parallel), counted over the steps only
+    first_step = step
     model.train()
     while step < cfg.steps:
         x, y = (my_tokens(t).to(device) for t in data.batch_at(step))
@@ -232,6 +231,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
             break
     if ckpt:
         save()
+    ring = {phase: n / max(step - first_step, 1) for phase, n in ring_sent.items()}  # a step's, this rank's
 
     model.eval()
     vx, vy = (my_tokens(t).to(device) for t in data.validation(VAL_SEQUENCES))
@@ -249,7 +249,8 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  "tokens_per_step": tokens_per_step, "tokens_per_s": rate,
                  "tokens_per_s_per_device": rate / world if rate else None, "flops_per_token": fpt,
                  "mfu": rate * fpt / world / (peak * 1e12) if rate and peak else None, "resumed_from": resumed_from,
-                 "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device)})
+                 "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device),
+                 "ring_bytes_per_step": ring if dims.cp_enabled else None})
     return 0
 
 

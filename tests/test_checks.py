@@ -329,3 +329,14 @@ def test_step_peaks_without_the_optimizers_state_fail():
     est[64][1]["peak_total"] = 110e6
     with pytest.raises(ClaimFailed, match="step 2 peaks higher"):
         check_step_peaks(est, 89e6, batches=(64,))
+
+
+def test_a_ring_that_sent_more_or_less_than_its_blocks_fails():
+    from course_utils.checks import check_ring_traffic
+
+    theory = {"forward": 32_768, "backward": 98_304}  # one layer's K and V blocks, 2 ranks
+    check_ring_traffic({"forward": 65_536.0, "backward": 196_608.0}, theory, layers=2)
+    for sent, claim in (({"forward": 98_304.0, "backward": 196_608.0}, "forward"),  # a block sent once too often
+                        ({"forward": 65_536.0, "backward": 131_072.0}, "backward")):  # gradients not taken home
+        with pytest.raises(ClaimFailed, match=claim):
+            check_ring_traffic(sent, theory, layers=2)

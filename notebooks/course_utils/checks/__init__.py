@@ -56,6 +56,7 @@ from .parallelism import (
     check_sequence_parallel,
     check_tensor_parallel,
     check_transformer_layouts,
+    check_ring_traffic,
     check_zigzag_balance,
 )
 from .sharding import (

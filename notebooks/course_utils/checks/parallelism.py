@@ -141,6 +141,13 @@ def check_transformer_layouts(unsplit: Mapping, layouts: Mapping[str, Mapping], 
     verify(claims)
 
 
+def check_ring_traffic(sent: Mapping[str, float], theory: Mapping[str, int], layers: int) -> None:
+    """The bytes one rank sent round the ring in a training step (``train_lm.py``'s ``ring_bytes_per_step``,
+    counted as it sent them) against :func:`course_utils.parallel.context.ring_bytes` for each attention layer."""
+    verify([(f"{phase}: {sent[phase]:,.0f} B a step, {layers} attention layers x the theory's {theory[phase]:,} B",
+             sent[phase] == layers * theory[phase]) for phase in ("forward", "backward")])
+
+
 def check_zigzag_balance(work: Mapping[str, Sequence[int]]) -> None:
     """The query-key pairs each rank's causal attention computes, per split (``contiguous``, ``zigzag``)."""
     contiguous, zigzag = work["contiguous"], work["zigzag"]

@@ -55,8 +55,13 @@ def _block(q, k, v, q_pos, k_pos, scale):
     return weights @ v, lse
 
 
-def _rotate(tensors: list[torch.Tensor], group) -> list[torch.Tensor]:
-    """Send ``tensors`` to the next rank of ``group``'s ring and return the previous rank's."""
+# the bytes this rank has sent round the ring since the last reset, by pass: what a run counts against ring_bytes
+SENT = {"forward": 0, "backward": 0}
+
+
+def _rotate(tensors: list[torch.Tensor], group, phase: str = "forward") -> list[torch.Tensor]:
+    """Send ``tensors`` to the next rank of ``group``'s ring and return the previous rank's (counted in SENT)."""
+    SENT[phase] += sum(t.numel() * t.element_size() for t in tensors)
     rank, ranks = dist.get_rank(group), dist.get_world_size(group)
     nxt, prev = dist.get_global_rank(group, (rank + 1) % ranks), dist.get_global_rank(group, (rank - 1) % ranks)
     received = [torch.empty_like(t) for t in tensors]
@@ -109,9 +114,9 @@ class RingAttention(torch.autograd.Function):
             k_pos = positions(layout, (rank - step) % ranks, ranks, q_pos.numel() * ranks).to(q.device)
             if k_pos.min() > q_pos.max():  # masked out in the forward: no gradient, the block goes on
                 if step < ranks - 1:
-                    kv, dkv = _rotate(kv, group), _rotate(dkv, group)
+                    kv, dkv = _rotate(kv, group, "backward"), _rotate(dkv, group, "backward")
                 else:
-                    dkv = _rotate(dkv, group)
+                    dkv = _rotate(dkv, group, "backward")
                 continue
             kf, vf = kv[0].float(), kv[1].float()
             scores = (qf @ kf.transpose(-2, -1)) * scale
@@ -123,9 +128,9 @@ class RingAttention(torch.autograd.Function):
             dkv[0] = dkv[0] + dscores.transpose(-2, -1) @ qf * scale
             # the block and the gradients gathered for it so far go on; the last pass takes the gradients home
             if step < ranks - 1:
-                kv, dkv = _rotate(kv, group), _rotate(dkv, group)
+                kv, dkv = _rotate(kv, group, "backward"), _rotate(dkv, group, "backward")
             else:
-                dkv = _rotate(dkv, group)
+                dkv = _rotate(dkv, group, "backward")
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None
 
 
