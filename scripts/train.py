@@ -29,6 +29,7 @@ from course_utils.checkpoint import CheckpointError
 from course_utils.config import TrainConfig, add_config_args, config_from_args, in_run_dir
 from course_utils.data import DatasetMissingError
 from course_utils.devices import PlacementError
+from course_utils.errors import fail
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import count_parameters
 from course_utils.results import emit_result
@@ -40,11 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(p)
     return p
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    return code
 
 
 def main(argv: list[str] | None = None) -> int:

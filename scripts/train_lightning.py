@@ -28,6 +28,7 @@ from course_utils import process_group as cdist
 from course_utils.checkpoint import CheckpointError, ensure_writable_dir
 from course_utils.config import TrainConfig, add_config_args, config_from_args, in_run_dir, unsupported
 from course_utils.data import DatasetInfo, DatasetMissingError, get_datasets
+from course_utils.errors import fail
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import (
     CourseDataModule,
@@ -80,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(cfg.seed)  # the same order as train.py: the same data and initial weights
         train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
     except (ValueError, PermissionError, DatasetMissingError) as exc:  # LaunchMismatch is a ValueError
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return fail(str(exc))
     if plan.note:
         cdist.print0(f"note: {plan.note}")
     quiet_lightning()
@@ -108,13 +108,11 @@ def train(cfg: TrainConfig, plan: LaunchPlan, strategy: str, train_ds: Dataset, 
             print(f"resuming from {resume}", flush=True)
         trainer.fit(module, data, ckpt_path=resume)
     except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return fail(str(exc))
     except torch.distributed.DistNetworkError as exc:  # Lightning forms the group in fit(): rank 0 listens there
         if not cdist.listen_failure(exc):
             raise
-        print(f"error: {cdist.listen_failure(exc)}", file=sys.stderr, flush=True)
-        return 2
+        return fail(cdist.listen_failure(exc))
     except StopTraining as stop:  # Slurm's warning: last.ckpt is written, the batch script requeues
         cdist.print0(f"{stop}; {cfg.ckpt_dir or 'no --ckpt-dir'}/last.ckpt written")
     seconds = time.perf_counter() - start

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from course_utils import tuning
 from course_utils.config import add_config_args, config_from_args, job_run_dir, unsupported
+from course_utils.errors import fail
 from course_utils.results import emit_result
 
 
@@ -86,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         if warning:
             raise ValueError(warning)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return fail(str(exc))
     try:
         resources = tuning.start_ray(args.address, quiet=False)
         nodes = tuning.wait_for_nodes(args.nodes)
@@ -95,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if refused:
             raise ValueError(refused)
     except (ConnectionError, TimeoutError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return fail(str(exc), code=1)
     print(f"Ray: {len(nodes)} node(s) {', '.join(nodes)}; resources {resources}; "
           f"Ray's temporary files in /tmp on each node ({tuning.ray_temp_dir()} here)", flush=True)
     start = time.perf_counter()
