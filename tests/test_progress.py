@@ -33,7 +33,7 @@ def test_in_a_kernel_each_update_replaces_the_last_and_the_cell_keeps_only_its_r
 
 def test_under_nbval_the_executed_copy_keeps_no_progress_line(tmp_path):
     """nbval, which writes the executed copies (scripts/record_executed.py), drops display updates: what it keeps
-    of a status line is the display as it was created, empty."""
+    of a status line is the display as it was created, empty, and the copy leaves that out."""
     import json
     import os
     import subprocess
@@ -58,3 +58,4 @@ def test_under_nbval_the_executed_copy_keeps_no_progress_line(tmp_path):
     (cell,) = json.loads((tmp_path / "executed" / "status.ipynb").read_text())["cells"]
     shown = json.dumps(cell["outputs"])
     assert "step 1" not in shown and "the result" in shown, cell["outputs"]
+    assert [o["output_type"] for o in cell["outputs"]] == ["stream"], "no empty display left"

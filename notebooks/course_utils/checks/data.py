@@ -56,7 +56,8 @@ def check_workers_rule(au: Mapping[str, Mapping[int, float]], compute: Mapping[s
             if au[name][fewer] >= expected:
                 short.append(name)
     claims = {"kept": ("where the cores allow, the rule's workers kept the device as busy as more workers did", not kept),
-              "busy": (f"and reached DLIO's {expected:.0%} where the hand-over leaves room for it", not busy),
+              "busy": (f"the rule's workers reached DLIO's {expected:.0%} where the hand-over leaves room for it",
+                       not busy),
               "short": (f"one worker fewer than the rule asks fell short of {expected:.0%}", not short)}
     why = {"kept": "no case had the rule's workers and more within the cores",
            "busy": f"no case's compute was 20 hand-overs ({20 * handover_ms:.1f} ms) or more"}
