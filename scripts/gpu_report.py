@@ -69,15 +69,16 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("not measured yet")
     else:
         lines += [f"{lm['hardware']}, {lm['date']}: the {lm['size']} decoder, {lm['seq_len']} tokens a sequence, "
-                  f"{lm['batch_per_rank']} a rank", "", "| layout | precision | tokens/s | per device | MFU | peak MiB |",
-                  "|---|---|---:|---:|---:|---:|"]
+                  f"{lm['batch_per_rank']} a rank", "", "| layout | precision | tokens/s | per device | MFU | peak MiB | "
+                  "last loss |", "|---|---|---:|---:|---:|---:|---:|"]
         for name, r in lm["layouts"].items():
             if "error" in r:
-                lines.append(f"| {name} | failed: {r['error'][:120]} | | | | |")
+                lines.append(f"| {name} | failed: {r['error'][:120]} | | | | | |")
                 continue
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "(a CPU: none)"
             lines.append(f"| {name} | {r['precision']} | {r['tokens_per_s'] or 0:,.0f} | "
-                         f"{r['tokens_per_s_per_device'] or 0:,.0f} | {mfu} | {r['peak_memory_mib'] or 0:,.0f} |")
+                         f"{r['tokens_per_s_per_device'] or 0:,.0f} | {mfu} | {r['peak_memory_mib'] or 0:,.0f} | "
+                         f"{r['loss']:.4f} |")
     share = report["training_share"]
     if share:
         lines += ["", f"The best rung ({share['rung']}) trains at {share['train_tflops']:.2f} TFLOP/s: "
