@@ -183,3 +183,15 @@ def test_a_rank_s_worker_is_found_by_its_environment_and_the_agent_is_not(tmp_pa
         for p in procs.values():
             p.kill()
             p.wait()
+
+
+def test_a_later_flag_replaces_an_earlier_one_in_the_command_that_runs():
+    """The printed command is the one that runs: `--epochs 2 ... --epochs 1` runs (and shows) `--epochs 1` alone,
+    as argparse would read it; switches, lists and values that look like numbers are left as they are."""
+    from course_utils.launch import later_flags_win
+
+    assert later_flags_win(["--model", "mlp", "--epochs", 2, "--lr", "1e-3", "--epochs", 1]) == [
+        "--model", "mlp", "--lr", "1e-3", "--epochs", "1"]
+    assert later_flags_win(["--no-progress", "--seed", "-1", "--no-progress"]) == ["--no-progress", "--seed", "-1",
+                                                                                 "--no-progress"]
+    assert later_flags_win(["--ops", "a", "b", "--ops", "c"]) == ["--ops", "a", "b", "--ops", "c"]

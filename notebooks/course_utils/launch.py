@@ -125,7 +125,27 @@ def start_script(script: str | Path, args: Sequence[str] = (), nproc: int | None
     """Like :func:`run_script`, without waiting; ``torchrun_args`` e.g. ``["--max-restarts=1"]``."""
     path = script_path(str(script))
     prefix = [*torchrun_command(nproc), *torchrun_args] if nproc else [sys.executable]
-    return Process([*prefix, str(path), *map(str, args)], env=_threads_per_rank(nproc, env), echo=echo, cwd=cwd)
+    return Process([*prefix, str(path), *later_flags_win(args)], env=_threads_per_rank(nproc, env), echo=echo,
+                   cwd=cwd)
+
+
+def later_flags_win(args: Sequence[object]) -> list[str]:
+    """``args`` without the earlier of two ``--flag value`` pairs of the same flag (``--epochs 2 ... --epochs 1``
+    keeps ``--epochs 1``): argparse takes the last one anyway, and the command printed is the one a learner would
+    type. Only a flag followed by one value each time is touched (a list, ``--ops a b``, is left as it is)."""
+    args = [str(a) for a in args]
+
+    def one_value(i: int) -> bool:
+        return i + 1 < len(args) and not args[i + 1].startswith("--") and (
+            i + 2 == len(args) or args[i + 2].startswith("--"))
+
+    keep, seen = [True] * len(args), {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--") and len(arg) > 2 and one_value(i):
+            if arg in seen:
+                keep[seen[arg]] = keep[seen[arg] + 1] = False
+            seen[arg] = i
+    return [a for a, k in zip(args, keep) if k]
 
 
 def _threads_per_rank(nproc: int | None, env: dict[str, str] | None) -> dict[str, str] | None:
