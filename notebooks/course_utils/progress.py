@@ -36,6 +36,11 @@ class StatusLine:
             self._handle = display({"text/plain": ""}, raw=True, display_id=True)
         self._handle.update({"text/plain": text}, raw=True)
 
+    @property
+    def in_place(self) -> bool:
+        """Whether each line replaces the last (a notebook) or is printed after it (a terminal, a batch log)."""
+        return self._notebook
+
     def __enter__(self) -> StatusLine:
         return self
 

@@ -143,12 +143,14 @@ class _OneLineErrors(logging.Filter):
         return True
 
 
-def _status_reporter(name: str, line: Any, every_s: float = 5.0) -> Any:
-    """A Tune progress reporter that writes one line, ``line(text)`` (a :class:`~course_utils.progress.StatusLine`:
-    in place in a notebook, printed in a log), every ``every_s`` seconds: the trials running, finished and
-    waiting, and the best result so far. It replaces Tune's own notebook reporter, an HTML table that a saved
-    notebook keeps as an empty display."""
+def _status_reporter(name: str, line: StatusLine) -> Any:
+    """A Tune progress reporter that writes one line, ``line(text)``: the trials running, finished and waiting,
+    and the best result so far, every 5 s in a notebook (in place) and every minute in a terminal or a batch log
+    (a line each). It replaces Tune's own notebook reporter, an HTML table that a saved notebook keeps as an
+    empty display."""
     import time
+
+    every_s = 5.0 if line.in_place else 60.0
 
     from ray.tune import ProgressReporter
 
