@@ -51,6 +51,7 @@ from course_utils.results import emit_result
 def dump_flight_record(dump_dir: Path, rank: int, why: str) -> None:
     """This rank's flight record, as torch.distributed keeps it, written where the others' go."""
     nccl = "nccl" in dist.get_backend_config().lower()
+    # private: torch has no public call for a dump on demand (its own tests read the buffer this way)
     c10d = torch._C._distributed_c10d
     record = c10d._dump_nccl_trace() if nccl else c10d._dump_fr_trace()  # pickled: what torch's own tools read
     dump_dir.mkdir(parents=True, exist_ok=True)

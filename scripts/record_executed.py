@@ -44,8 +44,10 @@ def machine() -> tuple[str, str]:
 def executed_label(by: str = "") -> str:
     """``Executed DATE on HARDWARE, profile P`` and ``by`` (who ran it), with what the CI profile's sizes mean: the
     label of this machine's runs, here (make test) and in scripts/build_site.py."""
+    from course_utils.exercises import solutions_enabled
+
     hardware, profile = machine()
-    answers = os.environ.get("COURSE_SOLUTIONS", "").strip() == "1"
+    answers = solutions_enabled()
     return (f"Executed {datetime.date.today().isoformat()} on {hardware}, profile {profile}{by}"
             + (" (the CI profile's small sizes: a GPU run in the full profile prints the workshop's numbers)"
                if profile == "ci" else "")

@@ -15,7 +15,7 @@ def check_four_trainers(rows: dict[str, dict], world: int) -> None:
     verify([
         (f"every trainer ran {world} ranks whose weights agree",
          all(r["ranks_agree"] and r["world_size"] == world for r in rows.values())),
-        (f"each took the same {base['global_step']} optimiser steps, and its training loss fell",
+        ("each took as many optimiser steps as the others, and its training loss fell",
          all(r["global_step"] == base["global_step"] and r["train_loss"][-1] < r["train_loss"][0]
              for r in rows.values())),
         (f"all four ended at one validation loss, bit for bit: {base['val_loss']!r}", not apart),

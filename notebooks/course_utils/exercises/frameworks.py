@@ -38,7 +38,10 @@ def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: 
                               "steps, not {}. Each rank gets n/world images (the remainder dropped), keeps whole "
                               "batches only (drop_last), and the last, partial accumulation still steps"
                               .format(*case, want, got))
-    passed("one epoch: whole batches of each rank's slice, one step per grad-accum of them, the last one included")
+    counts = ", ".join(f"{r['global_step']} ({r['n_train']} images, {r['world_size']} ranks, grad-accum "
+                       f"{r['grad_accum']}, {r['epochs']} epoch(s))" for r in {tuple(sorted(r.items())): r for r in measured}.values())
+    passed("one epoch: whole batches of each rank's slice, one step per grad-accum of them, the last one included. "
+           f"Lightning counted {counts}")
 
 
 # (parameters, ranks, GPU bytes) -> the smallest ZeRO stage whose model states fit: FT3's A100-40GB,
