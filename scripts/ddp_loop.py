@@ -23,6 +23,7 @@ from course_utils.checkpoint import load_checkpoint, save_checkpoint
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader, set_epoch
 from course_utils.devices import PlacementError
+from course_utils.errors import fail
 from course_utils.process_group import RendezvousError, init_distributed, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model
@@ -40,12 +41,12 @@ cfg = config_from_args(parser.parse_args())
 try:
     unsupported(cfg, Path(__file__).name, LEFT_OUT)
 except ValueError as exc:
-    sys.exit(f"error: {exc}")
+    sys.exit(fail(str(exc)))
 
 try:  # join the group: a GPU per rank (set_device before the group, NCCL), else every rank on the CPU (gloo)
     info, device = init_distributed(cfg.device)  # RANK, MASTER_ADDR, ... from torchrun or srun
 except (ValueError, PlacementError, RendezvousError) as exc:
-    sys.exit(f"error: {exc}")
+    sys.exit(fail(str(exc)))
 use_gpu, rank, world = device.type == "cuda", info.rank, info.world_size
 precision = resolve_precision(cfg.precision, device)
 scaler = torch.amp.GradScaler("cuda", enabled=precision == "fp16")

@@ -27,7 +27,7 @@ import torch
 from course_utils.checkpoint import weights_digest
 from course_utils.config import add_config_args, config_from_args, in_run_dir, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
-from course_utils.errors import first_line
+from course_utils.errors import fail, first_line
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.process_group import ranks_agree, ranks_per_host
@@ -107,9 +107,9 @@ losses, first_epoch, resumed_from = [], 0, None
 ckpt = Path(cfg.ckpt_dir) if cfg.ckpt_dir else None
 latest = ckpt / ("latest_universal" if args.universal else "latest") if ckpt else None
 if args.universal and not (ckpt and latest.exists()):
-    sys.exit(f"error: --universal resumes from a Universal Checkpoint and {latest or 'no --ckpt-dir'} is not there: "
+    sys.exit(fail(f"--universal resumes from a Universal Checkpoint and {latest or 'no --ckpt-dir'} is not there: "
              f"convert a ZeRO checkpoint first (python -m deepspeed.checkpoint.ds_to_universal --input_folder "
-             f"CKPT/<tag> --output_folder CKPT/universal-<tag>)")
+             f"CKPT/<tag> --output_folder CKPT/universal-<tag>)"))
 if ckpt and cfg.resume and latest.exists():
     try:
         loaded, client = engine.load_checkpoint(str(ckpt))  # every rank reads its own shard
@@ -118,17 +118,17 @@ if ckpt and cfg.resume and latest.exists():
     except ZeRORuntimeException as exc:  # DeepSpeed's check of the number of ranks that wrote the shards
         reason = first_line(exc, limit=200)
         tag = latest.read_text().strip()
-        sys.exit(f"error: {ckpt} holds a ZeRO checkpoint of another number of ranks ({reason}): convert it with "
+        sys.exit(fail(f"{ckpt} holds a ZeRO checkpoint of another number of ranks ({reason}): convert it with "
                  f"python -m deepspeed.checkpoint.ds_to_universal --input_folder {ckpt / tag} --output_folder "
-                 f"{ckpt / ('universal-' + tag)}, then resume with --universal")
+                 f"{ckpt / ('universal-' + tag)}, then resume with --universal"))
     except (AssertionError, OSError, RuntimeError, KeyError, ValueError, EOFError, pickle.UnpicklingError,
             zipfile.BadZipFile) as exc:  # DeepSpeed's own checks are asserts
         reason = first_line(exc, limit=200)
-        sys.exit(f"error: {ckpt} holds no ZeRO checkpoint this run can read ({reason}): give --ckpt-dir a folder "
-                 f"written by train_deepspeed.py (same --zero-stage, same number of ranks), or a new folder")
+        sys.exit(fail(f"{ckpt} holds no ZeRO checkpoint this run can read ({reason}): give --ckpt-dir a folder "
+                 f"written by train_deepspeed.py (same --zero-stage, same number of ranks), or a new folder"))
     mismatch = resume_mismatch(client.get("config", {}), cfg)
     if mismatch:
-        sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+        sys.exit(fail(f"{ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir"))
     first_epoch, losses = client.get("epoch", 0), client.get("losses", [])
     if "rng" in client:  # augmentation draws from it: the next epoch sees the same images
         set_rng_state(client["rng"])

@@ -22,6 +22,7 @@ from lightning.fabric.strategies import DDPStrategy
 
 from course_utils.config import add_config_args, config_from_args, unsupported
 from course_utils.data import get_datasets, make_loader
+from course_utils.errors import fail
 from course_utils.process_group import cleanup, ranks_agree, ranks_per_host
 from course_utils.hardware import peak_memory_mib
 from course_utils.lit import LIGHTNING_PRECISION, add_launch_args, plan_launch, quiet_lightning
@@ -44,7 +45,7 @@ try:
     plan = plan_launch(cfg.device, args.devices, args.num_nodes)  # this rank's device from the course's policy
     precision = resolve_precision(cfg.precision, plan.device)
 except ValueError as exc:
-    sys.exit(f"error: {exc}")
+    sys.exit(fail(str(exc)))
 
 quiet_lightning()
 # each rank's device from the course's policy, handed to Fabric rather than counted by it (Fabric would put

@@ -41,6 +41,7 @@ from course_utils.checkpoint import (
 )
 from course_utils.config import add_config_args, config_from_args, in_run_dir, resume_mismatch
 from course_utils.data import get_datasets, make_loader, set_epoch
+from course_utils.errors import fail
 from course_utils.hardware import peak_memory_mib
 from course_utils.models import build_model, count_parameters, enable_activation_checkpointing
 from course_utils.process_group import parallel_mesh, ranks_agree, ranks_per_host
@@ -75,7 +76,7 @@ world, rank = info.world_size, info.rank
 try:
     precision, note = fsdp_precision(cfg.precision, resolved)
 except ValueError as exc:
-    sys.exit(f"error: {exc}")
+    sys.exit(fail(str(exc)))
 if note and rank == 0:
     print(note, file=sys.stderr, flush=True)
 mesh = parallel_mesh(device)["dp"]  # the ranks the weights are sharded across
@@ -111,10 +112,10 @@ if saved:
     try:
         progress = load_sharded(saved, model, optimizer)  # this rank's part of the shards, whatever N wrote them
     except CheckpointError as exc:
-        sys.exit(f"error: {exc}")
+        sys.exit(fail(str(exc)))
     mismatch = resume_mismatch(progress["config"], cfg)
     if mismatch:
-        sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+        sys.exit(fail(f"{ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir"))
     first_epoch, step, losses = progress["epoch"], progress["step"], progress["losses"]
     if "rng" in progress:  # augmentation in this process draws from it: the next epoch sees the same images
         set_rng_state_json(progress["rng"])

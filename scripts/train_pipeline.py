@@ -41,6 +41,7 @@ from torch import nn
 
 from course_utils import process_group as cdist
 from course_utils.config import add_config_args, config_from_args, resume_mismatch
+from course_utils.errors import fail
 from course_utils.pipeline import (
     SCHEDULES,
     TIMED,
@@ -208,18 +209,18 @@ def train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     m = args.microbatches[0] if args.microbatches else 4
     if cfg.model != "mlp":
-        sys.exit("error: --train pipelines --model mlp (its stem, residual blocks and head are dealt to the stages)")
+        sys.exit(fail("--train pipelines --model mlp (its stem, residual blocks and head are dealt to the stages)"))
     if cfg.dataset == "shards":
-        sys.exit("error: every pipeline stage must read the same batches, and shards are dealt out to the ranks: "
-                 "use --dataset synthetic, cifar10 or mnist with --train")
+        sys.exit(fail("every pipeline stage must read the same batches, and shards are dealt out to the ranks: "
+                 "use --dataset synthetic, cifar10 or mnist with --train"))
     if cfg.batch_size % m:
-        sys.exit(f"error: --batch-size {cfg.batch_size} does not split into {m} equal micro-batches")
+        sys.exit(fail(f"--batch-size {cfg.batch_size} does not split into {m} equal micro-batches"))
     info, device, _ = start_rank(cfg, "train_pipeline.py --train", LEFT_OUT)  # the course's door
     cdist.require_processes(2, "train_pipeline.py --train", " (one pipeline stage per rank)")
     stage, stages = info.rank, info.world_size
     if m < min_microbatches(args.schedule, stages):
-        sys.exit(f"error: {args.schedule} needs at least {min_microbatches(args.schedule, stages)} micro-batches "
-                 f"for {stages} stages: --microbatches {min_microbatches(args.schedule, stages)}")
+        sys.exit(fail(f"{args.schedule} needs at least {min_microbatches(args.schedule, stages)} micro-batches "
+                 f"for {stages} stages: --microbatches {min_microbatches(args.schedule, stages)}"))
     # everything as train.py draws it, so the run is train.py's, pipelined
     torch.manual_seed(cfg.seed)
     train_ds, val_ds, meta = get_datasets(cfg.dataset, cfg.data_root, cfg.n_train, cfg.n_val, seed=cfg.seed)
@@ -242,12 +243,12 @@ def train(args: argparse.Namespace) -> int:
         try:
             progress = load_sharded(saved, mine, optimizer)  # each rank reads its stage's weights and state
         except CheckpointError as exc:
-            sys.exit(f"error: {exc}")
+            sys.exit(fail(str(exc)))
         mismatch = resume_mismatch(progress["config"], cfg)
         if progress["stages"] != stages:
             mismatch.append(f"{progress['stages']} stages -> {stages}")
         if mismatch:
-            sys.exit(f"error: {ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir")
+            sys.exit(fail(f"{ckpt} was written by another run ({'; '.join(mismatch)}): use a new --ckpt-dir"))
         first_epoch, step, losses, resumed_from = progress["epoch"], progress["step"], progress["losses"], str(saved)
         set_rng_state_json(progress["rng"])  # augmentation draws from it: the next epoch sees the same images
         cdist.print0(f"resumed from {saved} after epoch {first_epoch} (step {step})")

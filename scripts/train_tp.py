@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from course_utils import process_group as cdist
 from course_utils.devices import add_device_flag
+from course_utils.errors import fail
 from course_utils.results import emit_result
 from course_utils.tensor_parallel import (
     MLP,
@@ -169,7 +170,7 @@ def train_both(args: argparse.Namespace, mesh, device: torch.device) -> tuple[fl
         try:
             progress = load_sharded(found, both, opt)  # each rank reads its shards, whatever wrote them
         except CheckpointError as exc:
-            sys.exit(f"error: {exc}")
+            sys.exit(fail(str(exc)))
         if progress["shape"] != shape:
             raise SystemExit(f"error: {found} holds blocks of {progress['shape']}, this run builds {shape}: "
                              "resume with the same shape, or point --ckpt-dir at a new folder")
