@@ -2,7 +2,7 @@
 """The CI budget from a measured run: seconds per test file and per notebook, from pytest's JUnit XML.
 
     make test PYTEST_ARGS=--junitxml=runs/junit.xml
-    python3 .ci/budget.py runs/junit.xml        # a Markdown table for the README's budget
+    python3 .ci/budget.py runs/junit.xml        # a Markdown table for CONTRIBUTING.md's budget
 """
 
 import sys

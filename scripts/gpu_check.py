@@ -278,7 +278,7 @@ class Check:
             path = self.args.out / gpu_records.record_name(self.started, self.hardware)
             path.write_text(json.dumps(record, indent=2, default=str) + "\n")
             print(f"this run's record: {path}; commit it: cp {path} {self.args.records}/ and "
-                  "python scripts/gpu_records.py --write (the README's and INSTRUCTORS.md's tables)", flush=True)
+                  "python scripts/gpu_records.py --write (CONTRIBUTING.md's and INSTRUCTORS.md's tables)", flush=True)
         todo = [f"{n} ({p})" for p in passes for n in self.notebooks
                 if not current_here(self.latest[p].get(n), self.hardware, p)]
         todo += [] if self.ladder_here() else ["the ladder"]

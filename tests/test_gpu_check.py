@@ -512,8 +512,8 @@ def test_a_run_resumes_from_the_committed_records_and_its_own_record_resumes_the
     assert ran == ["05"], "a fresh machine, the records committed: only what failed runs again"
 
 
-def test_the_readme_and_instructors_tables_are_the_records():
-    """The GPU tables in README.md and INSTRUCTORS.md are what scripts/gpu_records.py makes of records/gpu."""
+def test_the_contributing_and_instructors_tables_are_the_records():
+    """The GPU tables in CONTRIBUTING.md and INSTRUCTORS.md are what scripts/gpu_records.py makes of records/gpu."""
     records = gpu_records.load_records()
     assert any(r.get("transcribed") and r["date"].startswith("2026-11-26") for r in records), "the H200 run is in"
     for doc, block in gpu_records.blocks(records).items():
