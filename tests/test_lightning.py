@@ -92,6 +92,34 @@ def test_lightning_refuses_to_resume_another_configuration_or_an_unreadable_chec
     assert f"the checkpoint {last} is unreadable" in broken.output and "no readable checkpoint" in broken.output
 
 
+def test_a_lightning_run_stopped_mid_epoch_resumes_with_the_batches_the_epoch_had_left(tmp_path):
+    """Slurm's warning mid-epoch, then the requeued run: it ends on the uninterrupted run's validation loss, to
+    the bit, so it trained the same batches in the same order (Lightning restores the DataModule's
+    StatefulDataLoader from last.ckpt; a plain DataLoader would start the epoch over). One process, one
+    thread, fp32: the same arithmetic in both."""
+    import signal
+
+    from course_utils.results import parse_result
+    from course_utils.waiting import wait_until
+    from references import ONE_THREAD, RESUME_ARGS
+
+    straight = start_script("train_lightning.py", RESUME_ARGS, env=ONE_THREAD)
+    ckpt = tmp_path / "stopped"
+    args = [*RESUME_ARGS, "--ckpt-dir", str(ckpt)]
+    job = start_script("train_lightning.py", args, env=ONE_THREAD)
+    # epoch 0's last.ckpt is written after its last step: the warning lands inside epoch 1
+    wait_until(lambda: (ckpt / "last.ckpt").exists() or not job.running(), 300,
+               lambda: AssertionError(job.output[-3000:]), interval_s=0.02)
+    os.kill(job.proc.pid, signal.SIGUSR1)  # plain python: the script itself
+    first = parse_result(job.wait(timeout_s=300).output)
+    assert first["stopped"] and first["global_step"] % 48 != 0, first  # 1536 / 32: 48 steps an epoch
+    second = parse_result(run_script("train_lightning.py", args, env=ONE_THREAD, timeout_s=600, echo=False).output)
+    reference = parse_result(straight.wait(timeout_s=600).output)
+    assert second["resumed_at_step"] == first["global_step"] and not second["stopped"]
+    assert second["global_step"] == reference["global_step"] == 4 * 48
+    assert second["val_loss"] == reference["val_loss"], (second, reference)
+
+
 def test_the_loop_by_hand_never_puts_two_ranks_on_one_gpu():
     """More ranks on a node than GPUs: --device cuda stops in one line. (What --device auto does then, every
     rank on the CPU in one gloo group, is the device policy's, tested with the hardware as input in

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
@@ -22,6 +23,7 @@ def make_loader(
     drop_last: bool = False,
     seed: int = 0,
     replica: tuple[int, int] | None = None,
+    stateful: bool = False,
 ) -> DataLoader:
     """A DataLoader that is right under any launcher.
 
@@ -31,7 +33,9 @@ def make_loader(
     epoch -- so a job resumed from a checkpoint sees exactly the batches the
     uninterrupted job would have. ``batch_size`` is per rank. ``replica``: (which model replica
     this process serves, how many replicas share the data), when that is not (rank, world size):
-    ``(0, 1)`` for the stages of one pipeline, which all read every batch.
+    ``(0, 1)`` for the stages of one pipeline, which all read every batch. ``stateful``: torchdata's
+    ``StatefulDataLoader``, a DataLoader with ``state_dict()`` that Lightning saves in its checkpoints and
+    restores, so a run stopped mid-epoch resumes with the batches the epoch had left.
     """
     sampler = None
     index, world = (cdist.get_rank(), cdist.get_world_size()) if replica is None else replica
@@ -50,31 +54,56 @@ def make_loader(
         kwargs["persistent_workers"] = persistent_workers
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        generator=torch.Generator().manual_seed(seed),
-        **kwargs,
-    )
+    loader_class = DataLoader
+    if stateful:
+        from torchdata.stateful_dataloader import StatefulDataLoader as loader_class
+    with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, which torch 2.14 retired
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        loader = loader_class(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            generator=torch.Generator().manual_seed(seed),
+            **kwargs,
+        )
     loader.course_seed = seed  # type: ignore[attr-defined]  # read by set_epoch
     return loader
 
 
 class ResumableSampler(DistributedSampler):
     """A ``DistributedSampler`` that can start an epoch part-way through, for a job
-    resumed from a mid-epoch checkpoint: the same order, minus what was trained."""
+    resumed from a mid-epoch checkpoint: the same order, minus what was trained.
 
-    skip = 0  # samples of this rank's slice already used in this epoch
+    Its ``state_dict`` (the epoch, and the indices of it handed out) is what torchdata's
+    ``StatefulDataLoader`` saves for it, and Lightning with it: a Lightning run resumed mid-epoch
+    builds its loader's iterator before it sets the epoch, so the epoch must come back with the state."""
+
+    skip = 0  # samples of this rank's slice already used in this epoch (the course's Trainer: len() is the rest)
+    restored = 0  # the same, restored by a StatefulDataLoader (Lightning: len() stays the whole epoch's)
+    handed_out = 0  # by the current iterator
 
     def __iter__(self):
-        return itertools.islice(super().__iter__(), self.skip, None)
+        self.handed_out = 0
+        for index in itertools.islice(super().__iter__(), self.skip + self.restored, None):
+            self.handed_out += 1
+            yield index
 
     def __len__(self) -> int:
         return max(0, super().__len__() - self.skip)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:  # a new epoch starts at its beginning
+            self.skip = self.restored = 0
+        super().set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "done": self.skip + self.restored + self.handed_out}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.skip, self.restored = state["epoch"], 0, state["done"]
 
 
 def set_epoch(loader: DataLoader, epoch: int, skip_batches: int = 0) -> bool:

@@ -18,6 +18,7 @@ from ..checkpoint import CheckpointError
 from ..config import TrainConfig, resume_mismatch
 from ..data import make_loader
 from ..preemption import StopRequest
+from ..rng import rng_state_json, set_rng_state_json
 from ..sharding import shard_units
 from ..timing import Throughput
 from ..trainer import config_lr, linear_warmup, make_optimizer
@@ -76,12 +77,19 @@ class CourseModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": linear_warmup(optimizer, steps),
                                                          "interval": "step"}}
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning keeps no random state: the augmentation's streams, as the course's Trainer saves them (rank
+        # 0's, every rank's: they all seed alike and draw alike), so a resumed run draws what it would have
+        checkpoint["course_rng"] = rng_state_json()
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("hyper_parameters", {}).get("config", {})
         mismatch = resume_mismatch(saved, self.cfg)
         if mismatch:
             raise CheckpointError(f"the checkpoint was written by another configuration ({'; '.join(mismatch)}): "
                                   "resume with the same settings, or give another --ckpt-dir")
+        if "course_rng" in checkpoint:
+            set_rng_state_json(checkpoint["course_rng"])
 
 
 class CourseDataModule(L.LightningDataModule):
@@ -92,9 +100,10 @@ class CourseDataModule(L.LightningDataModule):
         self.train_ds, self.val_ds, self.cfg, self.pin = train_ds, val_ds, config, pin_memory
 
     def train_dataloader(self) -> torch.utils.data.DataLoader:
+        # stateful: Lightning saves where the epoch is in last.ckpt, and a resumed run goes on from there
         return make_loader(self.train_ds, self.cfg.batch_size, shuffle=True, workers=self.cfg.workers,
                            pin_memory=self.pin, persistent_workers=self.cfg.workers > 0, drop_last=True,
-                           seed=self.cfg.seed)
+                           seed=self.cfg.seed, stateful=True)
 
     def val_dataloader(self) -> torch.utils.data.DataLoader:
         return make_loader(self.val_ds, 2 * self.cfg.batch_size, shuffle=False, workers=self.cfg.workers,
