@@ -10,6 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
+import torchmetrics
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.utils.data import Dataset
@@ -33,6 +34,9 @@ class CourseModule(L.LightningModule):
         self.save_hyperparameters({"config": dataclasses.asdict(config)})  # in every checkpoint, checked on resume
         self.epoch_losses: list[float] = []  # this rank's mean training loss per epoch
         self._loss_sum, self._steps = 0.0, 0
+        # the validation epoch's means over every image of every rank (torchmetrics sums them across the ranks),
+        # not a mean of batch means
+        self.val_loss, self.val_acc = torchmetrics.MeanMetric(), torchmetrics.MeanMetric()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -65,8 +69,9 @@ class CourseModule(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         logits = self.model(x)
-        self.log_dict({"val_loss": nn.functional.cross_entropy(logits, y),
-                       "val_acc": (logits.argmax(1) == y).float().mean()}, sync_dist=True)
+        self.val_loss.update(nn.functional.cross_entropy(logits, y, reduction="none"))
+        self.val_acc.update((logits.argmax(1) == y).float())
+        self.log_dict({"val_loss": self.val_loss, "val_acc": self.val_acc})  # computed and reset each epoch
 
     def configure_optimizers(self) -> Any:
         optimizer = make_optimizer(self.model, self.cfg, config_lr(self.cfg, self.trainer.world_size))
