@@ -24,7 +24,7 @@ def test_four_trainers_at_one_loss_pass():
 
 @pytest.mark.parametrize("name, change, claim", [
     ("Lightning", {"val_loss": 2.0 + 1e-12}, "one validation loss, bit for bit"),  # the last bit differs
-    ("loop by hand", {"global_step": 11}, "the same 12 optimiser steps"),
+    ("loop by hand", {"global_step": 11}, "as many optimiser steps as the others"),
     ("Fabric", {"resumed_from": {"epoch": 0, "step": 0}}, "went on from the first's checkpoint"),
     ("course Trainer", {"ranks_agree": False}, "ranks whose weights agree"),
 ])
@@ -340,3 +340,24 @@ def test_a_ring_that_sent_more_or_less_than_its_blocks_fails():
                         ({"forward": 65_536.0, "backward": 131_072.0}, "backward")):  # gradients not taken home
         with pytest.raises(ClaimFailed, match=claim):
             check_ring_traffic(sent, theory, layers=2)
+
+
+def test_plain_fabric_must_print_plain_ddp_s_losses():
+    from types import SimpleNamespace
+
+    from course_utils.checks import check_plain_fabric
+
+    def run(losses, identical=True):
+        lines = [f"epoch {e}: loss {loss:.4f} (8 steps of 2 x 64 images on 2 ranks); held-out loss 2.0, accuracy 10.0%"
+                 for e, loss in enumerate(losses)]
+        return SimpleNamespace(output="\n".join([*lines, f"done: 2 ranks, 2 per node; weights identical on every rank: "
+                                                            f"{identical}"]))
+
+    check_plain_fabric(run([2.5, 2.1]), run([2.5, 2.1]), 2, exact=True)
+    check_plain_fabric(run([2.5, 2.1]), run([2.51, 2.11]), 2, exact=False)  # mixed precision: within 2%
+    for ddp, fabric, exact, claim in ((run([2.5, 2.1]), run([2.5, 2.1001]), True, "losses, to the printed digit"),
+                                      (run([2.5, 2.1]), run([2.5, 2.3]), False, "within 2%"),
+                                      (run([2.5, 2.1]), run([2.5, 2.1], identical=False), True, "identical weights"),
+                                      (run([2.5, 2.6]), run([2.5, 2.6]), True, "the loss fell")):
+        with pytest.raises(ClaimFailed, match=claim):
+            check_plain_fabric(ddp, fabric, 2, exact=exact)

@@ -221,41 +221,53 @@ def test_optimizer_steps_checker(wrong):
 
 
 PSI = 3_946_506
-MEASURED_STAGES = [{"zero_stage": s, "psi": PSI, "world_size": 2, "measured_bytes": b}
+# what section 3 measured per rank on 2 ranks (bf16, padding included), and section 4's fp32 run of stage 2
+MEASURED_STAGES = [{"zero_stage": s, "psi": PSI, "world_size": 2, "measured_bytes": b, "precision": "bf16"}
                    for s, b in ((0, 16 * PSI), (1, 10 * PSI + 12), (2, 9 * PSI + 14), (3, 8 * PSI))]
+MEASURED_STAGES.append({"zero_stage": 2, "psi": PSI, "world_size": 2, "measured_bytes": 12 * PSI + 8,
+                        "precision": "fp32"})
 
 
-def _first_fit(per_param, config=lambda stage: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
-                                                "zero_optimization": {"stage": stage}}):
-    """A wrong ds_config_for: the stage chosen from other bytes per parameter, (unsharded, sharded) by stage, or the
-    configuration written another way."""
-    def config_for(psi, ranks, gpu_bytes):
-        for stage, (whole, sharded) in enumerate(per_param):
-            if whole * psi + sharded * psi / ranks <= gpu_bytes:
-                return config(stage)
+def _config(stage, precision):
+    return {"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": stage},
+            **({"bf16": {"enabled": True}} if precision != "fp32" else {})}
+
+
+def _first_fit(per_param, config=_config):
+    """A wrong ds_config_for: the stage chosen from other bytes per parameter (weights, gradients, optimizer state;
+    one triple for both precisions, or a dict by precision), or the configuration written another way."""
+    def config_for(psi, ranks, gpu_bytes, precision):
+        parts = per_param[precision] if isinstance(per_param, dict) else per_param
+        for stage in range(4):
+            sharded = parts[2] + (parts[1] if stage >= 2 else 0) + (parts[0] if stage >= 3 else 0)
+            whole = sum(parts) - sharded if stage else sum(parts)
+            if whole * psi + (sharded * psi / ranks if stage else 0) <= gpu_bytes:
+                return config(stage, precision)
         return None
     return config_for
 
 
-RIGHT = [(16, 0), (4, 12), (2, 14), (0, 16)]
+RIGHT = {"bf16": (2, 2, 12), "fp32": (4, 4, 12)}
 
 
 @pytest.mark.parametrize("wrong", [
-    lambda psi, ranks, gpu: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
-                             "zero_optimization": {"stage": 3}},       # always shard everything
-    _first_fit([(16, 0), (16, 0), (16, 0), (16, 0)]),                   # sharding ignored
-    _first_fit([(12, 0), (4, 8), (2, 10), (0, 12)]),                    # no fp32 master copy (8 bytes of Adam state)
-    _first_fit([(16, 0), (8, 8), (4, 12), (0, 16)]),                    # fp32 weights and gradients (4 + 4 + 8)
-    lambda psi, ranks, gpu: next(({"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},  # highest that fits
-                                   "zero_optimization": {"stage": s}} for s in (3, 2, 1, 0)
-                                  if solutions.ds_config_for(psi, ranks, gpu) is not None), None),
-    _first_fit(RIGHT, lambda stage: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
-                                     "zero_optimisation": {"stage": stage}}),  # a misspelt key: DeepSpeed reads stage 0
-    _first_fit(RIGHT, lambda stage: {"train_micro_batch_size_per_gpu": 16,
-                                     "zero_optimization": {"stage": stage}}),  # no bf16 section: fp32
-    _first_fit(RIGHT, lambda stage: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
-                                     "zero_optimization": {"stage": stage, "offload": True}}),  # DeepSpeed refuses it
-    _first_fit(RIGHT, lambda stage: stage),                            # the stage, not a configuration
+    lambda psi, ranks, gpu, precision: _config(3, precision),                            # always shard everything
+    lambda psi, ranks, gpu, precision: _config(0, precision) if solutions.ds_config_for(psi, ranks, gpu, precision)
+    else None,                                                                          # sharding ignored
+    _first_fit({"bf16": (2, 2, 8), "fp32": (4, 4, 8)}),     # no fp32 master copy (8 bytes of Adam state)
+    _first_fit({"bf16": (2, 2, 12), "fp32": (4, 4, 8)}),    # fp32 as the textbook counts it (zero_theory's fp32)
+    _first_fit((2, 2, 12)),                                 # fp32 counted as bf16
+    lambda psi, ranks, gpu, precision: next((_config(s, precision) for s in (3, 2, 1, 0)  # the highest that fits
+                                             if solutions.ds_config_for(psi, ranks, gpu, precision) is not None), None),
+    _first_fit(RIGHT, lambda stage, precision: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                                                "zero_optimisation": {"stage": stage}}),  # misspelt: DeepSpeed reads 0
+    _first_fit(RIGHT, lambda stage, precision: {"train_micro_batch_size_per_gpu": 16,
+                                                "zero_optimization": {"stage": stage}}),  # no bf16 section: fp32
+    _first_fit(RIGHT, lambda stage, precision: {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
+                                                "zero_optimization": {"stage": stage}}),  # bf16 asked for an fp32 case
+    _first_fit(RIGHT, lambda stage, precision: {**_config(stage, precision),
+                                                "zero_optimization": {"stage": stage, "offload": True}}),  # refused
+    _first_fit(RIGHT, lambda stage, precision: stage),                # the stage, not a configuration
 ])
 def test_ds_config_checker(wrong):
     exercises.check_ds_config(solutions.ds_config_for, MEASURED_STAGES)
@@ -457,6 +469,9 @@ def _rank_and_next(records, rank):
     lambda rec: (1, *solutions.behind(rec)[1:]),  # rank 1, as in the notebook's run
     # the last collective any rank recorded: wrong once NCCL's CPUs have queued more behind the one they wait in
     lambda rec: (solutions.behind(rec)[0], max(e["seq"] for es in rec.values() for e in es), "all_reduce"),
+    # the lowest last sequence number recorded: wrong once the stuck GPU's CPU has issued as far as the others'
+    lambda rec: (lambda last: (min(last, key=last.get), *solutions.behind(rec)[1:]))(
+        {r: max((e["seq"] for e in es), default=0) for r, es in rec.items()}),
 ])
 def test_behind_checker(wrong):
     run = exercises.made_records(2, 3, 1, 2)  # the notebook's run: rank 1 stuck before collective #3

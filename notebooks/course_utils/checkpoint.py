@@ -135,7 +135,7 @@ def load_latest(path: str | Path, map_location: str | torch.device = "cpu",
 # --------------------------------------------------------------------------- #
 # Sharded checkpoints: torch.distributed.checkpoint (DCP)
 # --------------------------------------------------------------------------- #
-def _flat_options() -> Any:
+def flat_state_dict_options() -> Any:
     """The optimizer's state and settings keyed by parameter name ("param_groups.blocks.1.0.weight.lr"), not
     as one list of groups: pipeline stages hold different parameters, and DCP keeps one rank's copy of
     an item every rank saves under the same key (torchtitan saves the same way)."""
@@ -161,7 +161,7 @@ def save_sharded(folder: str | Path, model: torch.nn.Module, optimizer: torch.op
     shared = [progress]
     dist.broadcast_object_list(shared, src=0)  # one progress for all: DCP keeps one rank's copy of such items
     progress = shared[0]
-    model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
+    model_state, optim_state = get_state_dict(model, optimizer, options=flat_state_dict_options())
     target = folder / f"step-{progress['step']}"
     dcp.save({"model": model_state, "optim": optim_state, "progress": json.dumps(progress)}, checkpoint_id=target)
     dist.barrier()  # every shard written
@@ -204,7 +204,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.opti
 
     from torch.distributed.checkpoint.api import CheckpointException
 
-    model_state, optim_state = get_state_dict(model, optimizer, options=_flat_options())
+    model_state, optim_state = get_state_dict(model, optimizer, options=flat_state_dict_options())
     state = {"model": model_state, "optim": optim_state, "progress": ""}
     try:
         # its metadata first, here: every rank reads the same file and fails alike, before dcp.load, which
@@ -219,7 +219,7 @@ def load_sharded(path: str | Path, model: torch.nn.Module, optimizer: torch.opti
             f"was damaged. Remove {Path(path).parent / 'latest'} to resume from nothing, or give another "
             "checkpoint folder") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_flat_options())
+                   options=flat_state_dict_options())
     return progress
 
 

@@ -74,7 +74,9 @@ def read_debug_server(port: int, page: str = "stacks", host: str = "127.0.0.1", 
 
     body = wait_until(fetch, wait_s, f"nothing answered on {host}:{port} within {wait_s:.0f} s: did rank 0 call "
                                      "torch.distributed.debug.start_debug_server(port=...)?", interval_s=0.5)
-    text = html.unescape(re.sub(r"<[^>]+>", "", body.split("</nav>", 1)[-1]))
+    # the page's tags out, not a frame's name in angle brackets (faulthandler's <module>, <lambda>, ...)
+    tags = r"</?(?!(?:module|lambda|listcomp|dictcomp|setcomp|genexpr)>)[a-zA-Z][^>]*>"
+    text = html.unescape(re.sub(tags, "", body.split("</nav>", 1)[-1]))
     parts = re.split(r"^\s*Rank (\d+): \S+\s*$", text, flags=re.M)  # each rank's part starts with its address
     return {int(rank): re.sub(r"\n\s*\n", "\n", textwrap.dedent(part)).strip()
             for rank, part in zip(parts[1::2], parts[2::2])}

@@ -59,12 +59,19 @@ def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: 
     return math.ceil(batches / grad_accum)  # the last accumulation steps even when it is short
 
 
-def ds_config_for(psi: int, ranks: int, gpu_bytes: float) -> dict | None:
-    for stage in range(4):
-        sharded = {1: 12, 2: 14, 3: 16}.get(stage, 0)  # bytes per parameter divided across the ranks
-        if (16 - sharded) * psi + sharded * psi / ranks <= gpu_bytes:
-            return {"train_micro_batch_size_per_gpu": 16, "bf16": {"enabled": True},
-                    "zero_optimization": {"stage": stage}}
+def ds_config_for(psi: int, ranks: int, gpu_bytes: float, precision: str) -> dict | None:
+    # bytes per parameter as DeepSpeed held them: weights, gradients, and 12 of optimizer state (its fp32 copy and
+    # Adam's two moments) in bf16 and in fp32 alike (section 4's fp32 row: the optimizer part did not shrink)
+    whole = {"params": 2, "gradients": 2, "optimizer": 12} if precision != "fp32" else \
+        {"params": 4, "gradients": 4, "optimizer": 12}
+    sharded_parts = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"), 3: ("optimizer", "gradients", "params")}
+    for stage, sharded in sharded_parts.items():
+        held = sum(b * psi / (ranks if part in sharded else 1) for part, b in whole.items())
+        if held <= gpu_bytes:
+            config = {"train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": stage}}
+            if precision != "fp32":
+                config["bf16"] = {"enabled": True}
+            return config
     return None
 
 
@@ -110,9 +117,16 @@ def plan_workers(worker_ms: float, compute_ms: float, cores: int, handover_ms: f
 
 
 def behind(records: dict) -> tuple[int, int, str]:
-    # a sequence number names the same collective on every rank; the rank whose recorder stops earliest is behind,
-    # whatever the buffer kept, and the next number is the collective it never entered: its name is in the others'
-    last = {rank: max((e["seq"] for e in entries), default=0) for rank, entries in records.items()}
+    # a sequence number names the same collective on every rank; the rank whose collectives stop earliest is
+    # behind, whatever the buffer kept, and the next number is the collective it never entered: its name is in the
+    # others'. NCCL's records say what each GPU started; a CPU may have issued more (gloo marks all scheduled)
+    nccl = any(e.get("state") in ("started", "completed") for entries in records.values() for e in entries)
+
+    def reached(entries: list) -> int:
+        ran = [e["seq"] for e in entries if not nccl or e.get("state") in ("started", "completed")]
+        return max(ran, default=0)
+
+    last = {rank: reached(entries) for rank, entries in records.items()}
     rank = min(last, key=last.get)
     seq = last[rank] + 1
     op = next(e["op"] for entries in records.values() for e in entries if e["seq"] == seq)

@@ -46,7 +46,7 @@ from .foundations import (
     check_plain_ddp,
     check_script_run,
 )
-from .frameworks import check_asha_against_fifo, check_four_trainers, check_lightning_jobs
+from .frameworks import check_asha_against_fifo, check_four_trainers, check_lightning_jobs, check_plain_fabric
 from .parallelism import (
     check_expert_load,
     check_fsdp_tp,

@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 from pathlib import Path
 
 from ..claims import verify
+
+
+def check_plain_fabric(ddp: Any, fabric: Any, ranks: int, exact: bool) -> None:
+    """06 section 5: plain_ddp.py and plain_fabric.py on ``ranks`` ranks, the same data and seed (their runs'
+    output). ``exact``: on CPUs, where both compute in fp32 in one order, the printed losses must be the same."""
+    from ..results import plain_epochs, plain_steps, plain_summary
+
+    by_hand, by_fabric = plain_epochs(ddp.output), plain_epochs(fabric.output)
+    done = plain_summary(fabric.output)
+    same = by_hand == by_fabric if exact else len(by_hand) == len(by_fabric) and all(
+        abs(a - b) <= 0.02 * abs(a) for a, b in zip(by_hand, by_fabric))
+    verify([
+        (f"plain_fabric.py trained: the loss fell from {by_fabric[0]:.4f} to {by_fabric[-1]:.4f}",
+         len(by_fabric) > 1 and by_fabric[-1] < by_fabric[0]),
+        ("with plain_ddp.py's steps and " + ("its losses, to the printed digit" if exact else
+                                             "its losses within 2% (mixed precision on GPUs)"),
+         same and plain_steps(ddp.output) == plain_steps(fabric.output)),
+        (f"and its {ranks} ranks ended with identical weights", done["world_size"] == ranks and done["identical"]),
+    ], detail=lambda: f"plain_ddp.py {by_hand}, plain_fabric.py {by_fabric}")
 
 
 def check_four_trainers(rows: dict[str, dict], world: int) -> None:

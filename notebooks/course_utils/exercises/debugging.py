@@ -15,17 +15,19 @@ def _entry(seq: int, op: str, state: str) -> dict[str, Any]:
 
 
 def made_records(world: int, last: int, behind: int, behind_last: int, keep: int | None = None,
-                 ops: tuple[tuple[int, str], ...] = (), queued: int = 0) -> Records:
+                 ops: tuple[tuple[int, str], ...] = (), queued: int = 0, behind_queued: int = 0) -> Records:
     """Flight records of ``world`` ranks: every rank completed collectives 1..``last`` - 1 and waits in ``last``
     (started), except rank ``behind``, whose last was ``behind_last`` (completed); ``keep``: each rank's recorder
     holds only its last ``keep`` entries (a buffer that wrapped round); ``ops``: the operation of a sequence
     number, else all_reduce; ``queued``: collectives the waiting ranks' CPUs issued after the one they wait in
-    (NCCL's are asynchronous: a CPU runs ahead of its GPU), recorded as scheduled."""
+    (NCCL's are asynchronous: a CPU runs ahead of its GPU), recorded as scheduled; ``behind_queued``: the same
+    on rank ``behind``, whose GPU is stuck in a kernel of its own while its CPU issued the next collectives."""
     ops = dict(ops)
     records = {}
     for rank in range(world):
         if rank == behind:
-            entries = [_entry(s, ops.get(s, "all_reduce"), "completed") for s in range(1, behind_last + 1)]
+            entries = [_entry(s, ops.get(s, "all_reduce"), "completed" if s <= behind_last else "scheduled")
+                       for s in range(1, behind_last + behind_queued + 1)]
         else:
             entries = [_entry(s, ops.get(s, "all_reduce"),
                               "completed" if s < last else "started" if s == last else "scheduled")
@@ -46,6 +48,8 @@ BEHIND_CASES = [
     ("NCCL, 4 ranks: the waiting ranks' CPUs queued 3 more collectives (a broadcast first) behind the one they wait in",
      dict(world=4, last=7, behind=3, behind_last=6, queued=3, ops=((8, "broadcast"),)), (3, 7, "all_reduce")),
     ("rank 1 stuck before its first collective", dict(world=2, last=1, behind=1, behind_last=0), (1, 1, "all_reduce")),
+    ("NCCL, 4 ranks: rank 2's GPU stuck in a kernel of its own, while its CPU issued the next 3 collectives as the "
+     "others' did", dict(world=4, last=7, behind=2, behind_last=6, queued=2, behind_queued=3), (2, 7, "all_reduce")),
 ]
 
 
@@ -71,13 +75,15 @@ def check_behind(behind: Callable[[Records], tuple[int, int, str]], run_records:
             raise WrongAnswer(f"{name}: return (rank, seq, op), not {got!r}") from None
         if int(rank) != want[0]:
             reached = max((e["seq"] for e in records.get(int(rank), [])), default=None)
-            raise WrongAnswer(f"{name}: rank {rank}'s recorder reaches collective #{reached}; another rank's stops "
-                              f"earlier")
+            raise WrongAnswer(f"{name}: rank {rank}'s recorder reaches collective #{reached}; another rank is "
+                              "further behind (where the entries say started or completed, they tell what a GPU "
+                              "ran, not only what its CPU issued)")
         if int(seq) != want[1]:
             raise WrongAnswer(f"{name}: rank {rank} is the one, but #{seq} is not the collective it never entered "
                               f"(look at the last sequence number its recorder holds)")
         if op != want[2]:
             raise WrongAnswer(f"{name}: collective #{seq} is right, but the others entered it as '{want[2]}', not "
                               f"'{op}' (the rank that is behind has no entry for it)")
-    passed("the rank whose recorder stops earliest, and the next sequence number, which the others entered and "
-           "wait in; its operation is in their records, not in the rank's own")
+    passed("the rank whose collectives stop earliest (NCCL's: the last its GPU started, not the last its CPU "
+           "issued), and the next sequence number, which the others entered and wait in; its operation is in their "
+           "records")

@@ -44,10 +44,14 @@ def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: 
            f"Lightning counted {counts}")
 
 
-# (parameters, ranks, GPU bytes) -> the smallest ZeRO stage whose model states fit: FT3's A100-40GB,
-# 2 per node, on 1, 2 and 8 nodes, and a model too large for any stage
-STAGE_CASES = {(1_500_000_000, 2, 40e9): 0, (3_000_000_000, 2, 40e9): 1, (6_000_000_000, 4, 40e9): 2,
-               (20_000_000_000, 16, 40e9): 3, (70_000_000_000, 8, 40e9): None, (7_000_000_000, 1, 80e9): None}
+# (parameters, ranks, GPU bytes, precision) -> the smallest ZeRO stage whose model states fit: FT3's A100-40GB,
+# 2 per node, on 1, 2 and 8 nodes, and a model too large for any stage. The fp32 cases fit the textbook's 16 bytes
+# per parameter one stage lower than DeepSpeed's 20 (its fp32 copy of the weights is kept in fp32 runs too)
+STAGE_CASES = {(1_500_000_000, 2, 40e9, "bf16"): 0, (3_000_000_000, 2, 40e9, "bf16"): 1,
+               (6_000_000_000, 4, 40e9, "bf16"): 2, (20_000_000_000, 16, 40e9, "bf16"): 3,
+               (70_000_000_000, 8, 40e9, "bf16"): None, (7_000_000_000, 1, 80e9, "bf16"): None,
+               (2_200_000_000, 2, 40e9, "fp32"): 1, (4_300_000_000, 8, 40e9, "fp32"): 2,
+               (70_000_000_000, 8, 40e9, "fp32"): None}
 
 
 def deepspeed_reads(config: Mapping[str, Any]) -> tuple[int, bool]:
@@ -75,19 +79,20 @@ def deepspeed_reads(config: Mapping[str, Any]) -> tuple[int, bool]:
     return parsed.zero_optimization_stage, bool(parsed.bfloat16_config.enabled or parsed.float16_config.enabled)
 
 
-def check_ds_config(config_for: Callable[[int, int, float], Mapping[str, Any] | None],
+def check_ds_config(config_for: Callable[[int, int, float, str], Mapping[str, Any] | None],
                     measured: Sequence[Mapping[str, Any]]) -> None:
-    """``config_for(psi, ranks, gpu_bytes)``: a DeepSpeed configuration (a dict) with the lowest ZeRO stage whose
-    params, gradients and Adam state (mixed precision) fit in ``gpu_bytes`` per rank, or None. Judged by what
-    DeepSpeed reads from it (:func:`deepspeed_reads`): first against the runs (given exactly the bytes stage k
-    measured per rank, the answer is stage k: a lower stage does not fit in them, stage k does), then against
-    FT3-sized cases."""
-    cases = [((r["psi"], r["world_size"], r["measured_bytes"]), r["zero_stage"], f"stage {r['zero_stage']}'s measured bytes")
-             for r in sorted(measured, key=lambda r: r["zero_stage"])]
+    """``config_for(psi, ranks, gpu_bytes, precision)``: a DeepSpeed configuration (a dict) with the lowest ZeRO
+    stage whose params, gradients and AdamW state fit in ``gpu_bytes`` per rank, training in ``precision``
+    ("bf16": mixed, or "fp32"), or None. Judged by what DeepSpeed reads from it (:func:`deepspeed_reads`): first
+    against the runs (given exactly the bytes stage k measured per rank, the answer is stage k: a lower stage does
+    not fit in them, stage k does), then against FT3-sized cases."""
+    cases = [((r["psi"], r["world_size"], r["measured_bytes"], r.get("precision", "bf16")), r["zero_stage"],
+              f"stage {r['zero_stage']}'s measured bytes in {r.get('precision', 'bf16')}")
+             for r in sorted(measured, key=lambda r: (r.get("precision", "bf16"), r["zero_stage"]))]
     cases += [(args, want, "an FT3-sized case") for args, want in STAGE_CASES.items()]
-    for (psi, ranks, gpu), want, what in cases:
-        config = config_for(psi, ranks, gpu)
-        where = f"{psi:,} parameters on {ranks} rank(s) of {gpu / 1e9:g} GB ({what})"
+    for (psi, ranks, gpu, precision), want, what in cases:
+        config = config_for(psi, ranks, gpu, precision)
+        where = f"{psi:,} parameters in {precision} on {ranks} rank(s) of {gpu / 1e9:g} GB ({what})"
         if config is None or want is None:
             if config is not want:
                 raise WrongAnswer(f"{where}: you return {'None' if config is None else 'a configuration'}, but "
@@ -96,16 +101,16 @@ def check_ds_config(config_for: Callable[[int, int, float], Mapping[str, Any] | 
         if not isinstance(config, Mapping):
             raise WrongAnswer(f"{where}: a DeepSpeed configuration is a dict (section 2 printed one), not {config!r}")
         stage, sixteen_bit = deepspeed_reads(config)
-        if not sixteen_bit:
-            raise WrongAnswer(f"{where}: DeepSpeed reads no bf16 or fp16 section, so it trains in fp32: the bytes "
-                              "per parameter measured above are mixed precision's")
+        if sixteen_bit != (precision != "fp32"):
+            raise WrongAnswer(f"{where}: DeepSpeed reads {'a 16-bit' if sixteen_bit else 'no bf16 or fp16'} section "
+                              f"from your configuration, so it trains in {'mixed precision' if sixteen_bit else 'fp32'}")
         if stage != want:
-            raise WrongAnswer(f"{where}: DeepSpeed reads stage {stage} from your configuration. Bytes per parameter: "
-                              "2 (bf16 weights) + 2 (bf16 gradients) + 12 (fp32 master, two Adam moments); stage 1 "
-                              "divides the 12 by the ranks, stage 2 also the gradients' 2, stage 3 also the weights' 2; "
-                              "the lowest stage that fits communicates least")
-    passed("the lowest stage that fits, as DeepSpeed reads it: stage 0 when 16 bytes per parameter fit, else shard "
-           "the optimizer, the gradients, the weights, in that order")
+            raise WrongAnswer(f"{where}: DeepSpeed reads stage {stage} from your configuration. Stage 1 divides the "
+                              "optimizer state by the ranks, stage 2 also the gradients, stage 3 also the weights; "
+                              "count each part's bytes per parameter as DeepSpeed held them (sections 3 and 4), "
+                              "and the lowest stage that fits communicates least")
+    passed("the lowest stage that fits, as DeepSpeed reads it: 2 + 2 + 12 bytes per parameter in bf16, and in fp32 "
+           "4 + 4 + 12, not the textbook's 4 + 4 + 8: DeepSpeed keeps its fp32 copy of the weights in an fp32 run too")
 
 
 # (nodes, CPUs and GPUs per node, CPUs and GPUs per trial) -> trials Ray runs at once: FT3 (2 A100, 64 cores)

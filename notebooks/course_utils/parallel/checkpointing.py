@@ -34,6 +34,8 @@ def _policy(ctx, op, *args, **kwargs):
 
 def apply_ac(model: nn.Module, mode: str) -> None:
     """Wrap each of ``model.layers`` for ``mode`` (``none``, ``selective`` or ``full``)."""
+    # a private module, as torchtitan uses it too; in a forward of your own, torch.utils.checkpoint.checkpoint(block, x,
+    # use_reentrant=False) does the same for one call
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 

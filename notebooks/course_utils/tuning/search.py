@@ -268,8 +268,8 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                     search_alg=search_alg, max_concurrent_trials=max_concurrent,
                                     reuse_actors=workers == 1),  # a DDP trial's Ray Train is started afresh
         run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=verbose,
-                                  progress_reporter=_status_reporter(name, status),
-                                  callbacks=[*callbacks, _count_running(path)],
+                                  progress_reporter=_status_reporter(name, status),  # the course's status line
+                                  callbacks=[*callbacks, _count_running(path)],  # + counts trials at once (section 2)
                                   failure_config=tune.FailureConfig(max_failures=max_failures),
                                   # the best epoch's checkpoint (scored by held_out_score) and the latest (resumed);
                                   # PBT keeps all: a trial that exploits another loads the checkpoint the donor
@@ -278,7 +278,7 @@ def run_search(base: TrainConfig, param_space: dict[str, Any], *, name: str, num
                                                                           checkpoint_score_attribute=METRIC,
                                                                           checkpoint_score_order=MODE)),
     )
-    with _quiet_tune(), status:
+    with _quiet_tune(), status:  # Tune's own log lines off the page: the status line says where the search is
         return tuner.fit()
 
 

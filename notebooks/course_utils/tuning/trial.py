@@ -80,7 +80,7 @@ def _use_assigned_cores() -> None:
     torch.set_num_threads(max(1, min(int(cpus), usable_cores())))  # never more than the process may use
 
 
-def _copy_restored(checkpoint: Any, work: str) -> None:
+def copy_restored(checkpoint: Any, work: str) -> None:
     """Put a restored trial's checkpoint (a resumed search, or a trial restarted after a failure)
     where the Trainer resumes from; nothing for a trial starting afresh."""
     if checkpoint is not None:
@@ -96,7 +96,7 @@ def tune_trial(params: dict[str, Any]) -> None:
 
     _use_assigned_cores()
     with tempfile.TemporaryDirectory(prefix="trial-") as work:
-        _copy_restored(tune.get_checkpoint(), work)
+        copy_restored(tune.get_checkpoint(), work)
 
         def report(metrics: dict[str, Any], folder: str) -> None:
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
@@ -113,7 +113,7 @@ def _ddp_worker(params: dict[str, Any]) -> None:
     _use_assigned_cores()
     rank = ray.train.get_context().get_world_rank()
     with tempfile.TemporaryDirectory(prefix="ddp-trial-") as work:
-        _copy_restored(ray.train.get_checkpoint(), work)
+        copy_restored(ray.train.get_checkpoint(), work)
 
         def report(metrics: dict[str, Any], folder: str) -> None:
             # every worker reports; rank 0 wrote the checkpoint and hands it over
