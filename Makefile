@@ -85,9 +85,15 @@ full-here:
 	PYTHONPATH=$(CURDIR)/notebooks$(if $(PYTHONPATH),:$(PYTHONPATH),) $(GPU_PYTHON) scripts/gpu_check.py --cpu \
 		--profile full --notebooks $(FULL_HERE) --rerun --out runs/full-here $(GPU_CHECK_ARGS)
 
-lock:
-	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > constraints.txt
-	@echo "constraints.txt regenerated from $(VENV); review the diff before committing"
+# constraints.txt resolved from pyproject's pins by uv, each line with the packages that pull it in ("# via"): the
+# versions already in constraints.txt are kept where they still fit (LOCK_ARGS=--upgrade moves them all; without an
+# index, UV_OFFLINE=1 resolves from uv's cache). uv itself is pinned beside them: make setup installs it first.
+LOCK_ARGS ?=
+lock: setup
+	printf 'uv==%s\n' "$$($(VENV)/bin/uv --version | cut -d' ' -f2)" > $(VENV)/lock-tools.in
+	$(VENV)/bin/uv pip compile pyproject.toml $(VENV)/lock-tools.in --extra lab --extra test --extra site \
+		--python $(PY) --custom-compile-command "make lock" --annotation-style line -o constraints.txt $(LOCK_ARGS)
+	@echo "constraints.txt resolved from pyproject.toml; review the diff before committing"
 
 SITE_ARGS ?=
 

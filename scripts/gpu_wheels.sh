@@ -36,7 +36,8 @@ TORCH_OWN='^(torch|torchvision|torchaudio|triton|nvidia-.*|cuda-.*)$'
 # from: "carried" (download fetches them) or "there" (the lent machine's image has them), and the
 # name normalised. One awk, not a process per package: gpu_check.py asks before every run.
 needs() {
-    grep -E '^[A-Za-z0-9]' constraints.txt | awk -F'==' -v there="$THERE" -v not_needed="$NOT_NEEDED" \
+    grep -E '^[A-Za-z0-9]' constraints.txt | sed 's/[[:space:]]*#.*//' | awk -F'==' -v there="$THERE" \
+            -v not_needed="$NOT_NEEDED" \
             -v own="$TORCH_OWN" '{
         norm = tolower($1); gsub(/[_.]/, "-", norm)
         if (norm ~ not_needed || (norm ~ own && norm != "nvidia-ml-py")) next
