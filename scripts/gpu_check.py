@@ -174,6 +174,9 @@ class Check:
 
         def start(name: str) -> dict[str, Any]:
             limit = min(args.notebook_timeout, self.left_s())
+            took = estimate_s(latest.get(name), self.hardware, profile)
+            self.say(profile, name, "starting" + ("" if took is None else f" (took {took:.0f} s here last time)")
+                     + f", at most {limit:.0f} s")
             r = {**run_notebook(self.notebooks[name], profile, limit, limit, logs,
                                 self.machine["gpu_uuids"] if self.jobs[profile] == 1 else (),
                                 executed=args.out / f"executed{suffix}", label=f"{self.label}, profile {profile}"),

@@ -196,6 +196,7 @@ def ensure_installed() -> str | None:
         return f"{', '.join(missing)} not installed, and nothing was installed: {blocked}"
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "slurm-wlm", "shellcheck"]):
+        print(f"{', '.join(missing)} missing: {' '.join(cmd)} (a minute or two) ...", flush=True)
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             raise ClusterError(f"{' '.join(cmd)} failed: {out.stderr[-2000:]}")

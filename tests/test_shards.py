@@ -160,3 +160,18 @@ def test_the_real_mnist_test_set_round_trips_through_shards(tmp_path):
     assert len(back) == 10_000 == len(images)
     assert torch.equal(torch.stack([image for _, image, _ in back]), images), "PNG is lossless: the same pixels"
     assert [label for _, _, label in back] == labels.tolist()
+
+
+def test_a_long_shard_write_says_where_it_is(tmp_path, capsys):
+    """write_shards reports after each shard; the command line prints that at most every so many seconds, and not
+    for the last shard (its summary line follows)."""
+    from course_utils.data.__main__ import _every
+
+    images, labels = make_synthetic(70, seed=0)
+    seen = []
+    write_shards(images, labels, tmp_path / "a", per_shard=30, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(30, 70), (60, 70), (70, 70)]
+    write_shards(images, labels, tmp_path / "b", per_shard=30, progress=_every(0, "train: {} of {} images written"))
+    assert capsys.readouterr().out.splitlines() == ["train: 30 of 70 images written", "train: 60 of 70 images written"]
+    write_shards(images, labels, tmp_path / "c", per_shard=30, progress=_every(3600, "train: {} of {} images"))
+    assert capsys.readouterr().out == "", "a write shorter than the interval prints nothing"

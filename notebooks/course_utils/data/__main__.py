@@ -11,6 +11,20 @@ from pathlib import Path
 from .sources import DatasetMissingError, default_data_root, download, get_datasets
 
 
+def _every(seconds: float, line: str):
+    """A progress callback that prints ``line.format(done, total)`` at most every ``seconds`` (a long write says
+    where it is; a short one stays quiet)."""
+    import time
+
+    last = [time.monotonic()]
+
+    def report(done: int, total: int) -> None:
+        if done < total and time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            print(line.format(f"{done:,}", f"{total:,}"), flush=True)
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils.data",
@@ -45,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                 images, labels = raw_images(args.name, args.root, args.n if split == "train" else args.n_val,
                                             split=split)
                 per_shard = args.per_shard or per_shard_for(len(images), tar_bytes_per_sample(images))
-                manifest = write_shards(images, labels, args.out / split, per_shard, source=args.name)
+                manifest = write_shards(images, labels, args.out / split, per_shard, source=args.name,
+                                        progress=_every(30, f"{split}: {{}} of {{}} images written"))
             except (DatasetMissingError, ValueError) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 1

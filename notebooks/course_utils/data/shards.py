@@ -68,10 +68,10 @@ def tar_bytes_per_sample(images: torch.Tensor) -> float:
 
 
 def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, per_shard: int,
-                 source: str = "synthetic") -> dict:
+                 source: str = "synthetic", progress: Callable[[int, int], None] | None = None) -> dict:
     """Write ``images`` (``uint8 [N, C, H, W]``) and ``labels`` as shards of ``per_shard`` samples in
     ``out``, and the manifest last: a folder with a manifest holds every shard it lists. Each shard is
-    written under a temporary name and renamed when whole."""
+    written under a temporary name and renamed when whole. ``progress(images written, images)`` after each."""
     if images.dtype != torch.uint8 or images.dim() != 4 or len(images) != len(labels):
         raise ValueError("images must be uint8 [N, C, H, W], one label each")
     if per_shard < 1:
@@ -90,6 +90,8 @@ def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, pe
         os.replace(partial, out / name)
         shards.append({"name": name, "samples": min(per_shard, len(images) - start),
                        "bytes": (out / name).stat().st_size})
+        if progress is not None:
+            progress(min(start + per_shard, len(images)), len(images))
     manifest = {"samples": len(images), "shape": list(images.shape[1:]), "format": "png", "source": source,
                 "shards": shards}
     (out / f".{MANIFEST}.partial").write_text(json.dumps(manifest, indent=1))
