@@ -64,8 +64,17 @@ def execute(source: Path, target: Path, timeout_s: int) -> tuple[bool, str]:
 
     nb = nbformat.read(source, as_version=4)
     hardware, profile = machine()
+    code_cells = sum(c.cell_type == "code" for c in nb.cells)
+    ran, said = [], [time.perf_counter()]
+
+    def on_cell_executed(cell, **_) -> None:  # a notebook of GPU runs takes minutes: where it is, every 30 s
+        ran.append(cell.cell_type == "code")
+        if time.perf_counter() - said[0] >= 30:
+            said[0] = time.perf_counter()
+            print(f"    code cell {sum(ran)} of {code_cells} done, {said[0] - start:.0f} s", flush=True)
+
     client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(NOTEBOOKS)}})
+                            resources={"metadata": {"path": str(NOTEBOOKS)}}, on_cell_executed=on_cell_executed)
     os.environ.setdefault("COURSE_SOLUTIONS", "1")  # the kernel inherits it: exercises run their reference answer
     start = time.perf_counter()
     client.execute()
