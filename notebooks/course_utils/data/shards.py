@@ -28,7 +28,8 @@ MANIFEST = "shards.json"
 SHARD_NAME = "shard-{:06d}.tar"
 
 
-def _png(image: torch.Tensor) -> bytes:
+def png_bytes(image: torch.Tensor) -> bytes:
+    """One ``uint8 [C, H, W]`` image as the bytes of a PNG file."""
     from PIL import Image
 
     array = image.numpy()
@@ -38,7 +39,8 @@ def _png(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_to_tar(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    """``data`` as the member ``name`` of an open tar file."""
     info = tarfile.TarInfo(name)
     info.size, info.mtime = len(data), 0  # mtime 0: the same images write the same bytes
     tar.addfile(info, io.BytesIO(data))
@@ -63,7 +65,7 @@ def per_shard_for(samples: int, bytes_per_sample: float) -> int:
 def tar_bytes_per_sample(images: torch.Tensor) -> float:
     """About what one sample costs in a shard: its PNG, measured on up to 32 images, and two tar headers
     with the padding of the members to 512 bytes."""
-    sizes = [len(_png(image)) for image in images[:32]]
+    sizes = [len(png_bytes(image)) for image in images[:32]]
     return sum(sizes) / max(len(sizes), 1) + 3 * 512
 
 
@@ -85,8 +87,8 @@ def write_shards(images: torch.Tensor, labels: torch.Tensor, out: str | Path, pe
         with tarfile.open(partial, "w") as tar:
             for index in range(start, min(start + per_shard, len(images))):
                 key = f"{index:08d}"
-                _add(tar, f"{key}.png", _png(images[index]))
-                _add(tar, f"{key}.cls", str(int(labels[index])).encode())
+                add_to_tar(tar, f"{key}.png", png_bytes(images[index]))
+                add_to_tar(tar, f"{key}.cls", str(int(labels[index])).encode())
         os.replace(partial, out / name)
         shards.append({"name": name, "samples": min(per_shard, len(images) - start),
                        "bytes": (out / name).stat().st_size})
@@ -116,7 +118,7 @@ def read_manifest(folder: str | Path) -> dict:
 
 def read_shard(path: str | Path) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(key, ``uint8 [C, H, W]`` image, label) for each sample of one shard, in order."""
-    for _, key, png, label in _read_kept(path):
+    for _, key, png, label in read_kept(path):
         yield key, _decode(png), label
 
 
@@ -128,7 +130,7 @@ def _decode(png: bytes) -> torch.Tensor:
     return decode_image(torch.frombuffer(bytearray(png), dtype=torch.uint8))
 
 
-def _read_kept(path: str | Path, keep: Callable[[int], bool] | None = None,
+def read_kept(path: str | Path, keep: Callable[[int], bool] | None = None,
                until: int | None = None) -> Iterator[tuple[int, str, bytes, int]]:
     """(position in the shard, key, PNG bytes, label) of the samples ``keep`` accepts, up to position
     ``until``; the others are passed over."""
@@ -280,7 +282,7 @@ class ShardDataset(IterableDataset):
         for name, first, stop in parts:  # read in order; hold what comes out later (about a buffer's worth)
             if any(p in needed for p in range(start, start + stop - first)):  # else: not even opened
                 keep = lambda i, s=start - first: first <= i < stop and s + i in needed  # noqa: E731
-                for position, key, png, label in _read_kept(self.folder / name, keep=keep, until=stop):
+                for position, key, png, label in read_kept(self.folder / name, keep=keep, until=stop):
                     held[start + position - first] = (key, png, label)  # encoded: a buffer costs its PNGs' bytes
                     while next_out < len(order) and order[next_out] in held:
                         yield self._out(held.pop(order[next_out]))

@@ -51,13 +51,13 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, ac: str = "none", pa
                 float8: bool = False, seq_len: int | None = None, cp_layout: str = "zigzag") -> nn.Module:
     if dims.pp_enabled:
         cut(model, dims.pp, mesh["pp"].get_local_rank())
-    if float8:
+    if float8:  # GPUs with fp8 matmuls (compute capability 8.9 on: H100), through torchao
         apply_float8(model)
     if dims.tp_enabled:
         apply_tp(model, mesh["tp"], loss_parallel=loss_parallel)
-    if dims.cp_enabled:
+    if dims.cp_enabled:  # notebook 12: the sequence split over cp, ring attention
         apply_cp(model, mesh["cp"], seq_len, cp_layout)
-    if dims.ep_enabled:
+    if dims.ep_enabled:  # notebook 12: the experts spread over dp_shard's ranks
         for moe in [m for m in model.modules() if isinstance(m, MoE)]:
             apply_ep(moe, mesh["dp_shard"])
     apply_ac(model, ac)
