@@ -195,3 +195,19 @@ def test_a_later_flag_replaces_an_earlier_one_in_the_command_that_runs():
     assert later_flags_win(["--no-progress", "--seed", "-1", "--no-progress"]) == ["--no-progress", "--seed", "-1",
                                                                                  "--no-progress"]
     assert later_flags_win(["--ops", "a", "b", "--ops", "c"]) == ["--ops", "a", "b", "--ops", "c"]
+
+
+def test_a_long_run_not_shown_says_how_long_it_has_run_and_its_last_line(monkeypatch, capsys):
+    """echo=False hides a run's output; past STATUS_EVERY_S the wait says how long it has run and its last line
+    (a status line: in place in a notebook, a printed line here), and a shorter run says nothing but its command."""
+    from course_utils import launch
+
+    script = "import time; print('epoch 1: loss 2.0', flush=True); time.sleep(1.2)"
+    monkeypatch.setattr(launch, "STATUS_EVERY_S", 0.5)
+    launch.run_command([sys.executable, "-c", script], echo=False, timeout_s=30)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("$ ") and len(lines) >= 2, lines
+    assert all(line.endswith("s; its last line: epoch 1: loss 2.0") and "running for" in line for line in lines[1:])
+    monkeypatch.setattr(launch, "STATUS_EVERY_S", 30)
+    launch.run_command([sys.executable, "-c", script], echo=False, timeout_s=30)
+    assert len(capsys.readouterr().out.splitlines()) == 1, "a run shorter than the interval: only its command"

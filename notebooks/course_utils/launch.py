@@ -157,6 +157,9 @@ def _threads_per_rank(nproc: int | None, env: dict[str, str] | None) -> dict[str
 
 # Lines kept in a run's output but not shown as it runs: the RESULT line is for the code that reads the run (the
 # notebook prints what it means), and kineto's start-up lines on a machine without a GPU say nothing to a learner.
+STATUS_EVERY_S = 30  # a run whose output is not shown says how long it has run, and its last line, this often
+
+
 def shown(line: str) -> bool:
     """Whether a run's output line is shown as it runs (every line stays in its output)."""
     return not (line.startswith(("RESULT ", "USDT:")) or "gpuGetDeviceCount failed" in line)
@@ -214,26 +217,36 @@ class Process:
 
     def wait(self, timeout_s: float = 600, check: bool = True) -> RunResult:
         """Wait up to ``timeout_s`` for the end; the result, or :class:`LaunchError`."""
+        from .progress import StatusLine
+
         deadline = time.monotonic() + timeout_s
         timed_out = False
+        name = next((Path(a).name for a in self.cmd if a.endswith(".py")), Path(self.cmd[0]).name if self.cmd else "")
+        status, next_status = StatusLine(), STATUS_EVERY_S
         try:
-            while self.proc.poll() is None:
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    self.kill()
-                    break
-                if self.echo:
-                    self._show(block_s=0.2)
-                else:
+            with status:  # a long run not shown line by line: how long so far, and its last line (then gone)
+                while self.proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        timed_out = True
+                        self.kill()
+                        break
+                    if self.echo:
+                        self._show(block_s=0.2)
+                        continue
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self.proc.wait(timeout=0.2)
+                    if (ran := time.perf_counter() - self.start) >= next_status:
+                        next_status = ran + STATUS_EVERY_S
+                        last = next((line.strip() for line in reversed(self.chunks[-50:])
+                                     if shown(line) and line.strip()), "")
+                        status(f"{name}: running for {ran:.0f} s"
+                               + (f"; its last line: {last[:160]}" if last else ""))
         except KeyboardInterrupt:  # the notebook's stop button
             self.kill()
             raise
         self.reader.join(timeout=10)
         self._show()
         result = RunResult(self.cmd, self.proc.returncode, self.output, time.perf_counter() - self.start, timed_out)
-        name = Path(self.cmd[-1]).name if self.cmd else ""
         if timed_out:
             raise LaunchError(f"{name} did not finish within {timeout_s:.0f} s and was killed (with all its "
                               f"processes). Last output:\n{_tail(result.output)}", result)
