@@ -369,8 +369,8 @@ COVERED = {
            "parts / step_breakdown() / steps=": "test_10_formats",
            "run / emulate_training() / steps=": "test_10_emulated_steps",
            "run / emulate_training() / steps= #2": "test_10_emulated_steps",
-           "TRAIN_ARGS": "test_10_staging_job", "made / subprocess.run() / -n / str()": "test_10_staging_job",
-           "made / subprocess.run() / --n-val / str()": "test_10_staging_job",
+           "TRAIN_ARGS": "test_10_staging_job", "shard_command / -n / str()": "test_10_staging_job",
+           "shard_command / --n-val / str()": "test_10_staging_job",
            "rec / slurm.wait() / timeout_s=": "test_10_staging_job"},
     "11": {"TIMEOUT_S": "test_11_hang", "BATCH": "test_11_memory"},
     "12": {"LM_ARGS / --lm-size": "test_12_long_sequences_and_experts",
@@ -1020,8 +1020,8 @@ def test_10_emulated_steps(target, label, monkeypatch):
 def test_10_staging_job(target, monkeypatch):
     full = Full(target, monkeypatch)
     n_images = full.value("10", "N_IMAGES")
-    n_train = int(full.pick("10", "made / subprocess.run() / -n / str()", N_IMAGES=n_images))
-    n_val = int(full.pick("10", "made / subprocess.run() / --n-val / str()"))
+    n_train = int(full.pick("10", "shard_command / -n / str()", N_IMAGES=n_images))
+    n_val = int(full.pick("10", "shard_command / --n-val / str()"))
     flags = full.value("10", "TRAIN_ARGS")
     cfg = config(flags)
     _, ranks, _ = per_node(target.site, "multi_node_srun")

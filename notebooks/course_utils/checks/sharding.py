@@ -86,8 +86,7 @@ def check_stage2_switches(knobs: Mapping[str, dict], on_gpu: bool) -> None:
         (f"in fp32 the weights take twice bf16's bytes ({fp32['memory']['params'] / 2**20:.2f} MiB against "
          f"{bf16['memory']['params'] / 2**20:.2f})",
          abs(fp32["memory"]["params"] - 2 * bf16["memory"]["params"]) <= PAD_PER_RANK * 4),
-        ("and the optimizer part does not shrink: DeepSpeed keeps its fp32 copy in an fp32 run too",
-         fp32["memory"]["optimizer"] == bf16["memory"]["optimizer"]),
+        # (what fp32's optimizer part says is 07's exercise: its checker judges against this run's bytes)
         (f"activation checkpointing trained the same model: validation loss {recomputed['val_loss']:.4f} against "
          f"{bf16['val_loss']:.4f}", abs(recomputed["val_loss"] - bf16["val_loss"]) <= 1e-3 * bf16["val_loss"]),
     ]

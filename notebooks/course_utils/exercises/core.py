@@ -55,5 +55,7 @@ def _close(got: float, want: float, rel: float) -> bool:
 
 
 def passed(message: str) -> None:
-    # (a copy executed with the reference answers says so once, in its label: scripts/record_executed.py)
-    print(f"correct: {message}")
+    """The check's verdict: what the answer got right, for the learner who wrote it. A copy executed with the
+    reference answers (the site, make test) says only that it passed: read before a workshop, it must not give
+    the answer away (its label says once that the exercises ran with the reference answers)."""
+    print("correct: the reference answer passed this check" if solutions_enabled() else f"correct: {message}")
