@@ -34,7 +34,8 @@ use_gpu = torch.cuda.is_available()  # the same answer on every rank: all NCCL, 
 # mixed precision where the GPU has it: bf16 from compute capability 8 (A100, H100), fp16 with loss scaling before
 precision = "32-true"
 if use_gpu:
-    precision = "bf16-mixed" if torch.cuda.get_device_capability()[0] >= 8 else "16-mixed"
+    # this rank's own GPU (its local rank), not GPU 0, before Fabric sets it
+    precision = "bf16-mixed" if torch.cuda.get_device_capability(int(os.environ["LOCAL_RANK"]))[0] >= 8 else "16-mixed"
 per_node = int(os.environ["LOCAL_WORLD_SIZE"])  # set by torchrun, or by slurm/lib/torch_env.sh under srun
 fabric = L.Fabric(accelerator="cuda" if use_gpu else "cpu", devices=per_node,
                   num_nodes=int(os.environ["WORLD_SIZE"]) // per_node, strategy="ddp", precision=precision)
