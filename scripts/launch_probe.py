@@ -55,10 +55,12 @@ def main() -> int:
         return 1
     shown = "every GPU of the node (CUDA_VISIBLE_DEVICES unset)" if seen["gpus"] is None else None
     gpus = shown or f"GPUs {','.join(seen['gpus']) or 'none'}"
-    print(f"rank {seen['rank']} of {seen['world_size']} (local {seen['local_rank']} of {seen['local_world_size']}) "
-          f"on {seen['host']}: {gpus}, {seen['cpus']} CPUs, OMP_NUM_THREADS={seen['threads'] or 'unset'}, "
-          f"rendezvous {seen['rendezvous']}")
-    print(PREFIX + json.dumps(seen), flush=True)
+    line = (f"rank {seen['rank']} of {seen['world_size']} (local {seen['local_rank']} of {seen['local_world_size']}) "
+            f"on {seen['host']}: {gpus}, {seen['cpus']} CPUs, OMP_NUM_THREADS={seen['threads'] or 'unset'}, "
+            f"rendezvous {seen['rendezvous']}")
+    # one write: the ranks of a node share torchrun's pipe, and an unbuffered print is two writes (text, then the
+    # newline) that another rank's line can come between; one write under PIPE_BUF (4 KiB) arrives whole
+    os.write(sys.stdout.fileno(), f"{line}\n{PREFIX}{json.dumps(seen)}\n".encode())
     return 0
 
 
