@@ -44,7 +44,8 @@ from course_utils.hardware import peak_memory_mib, tensor_core_peak_tflops
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
 from course_utils.parallel.context import SENT as ring_sent
 from course_utils.parallel.context import shard
-from course_utils.parallel.experts import reduce_expert_grads
+from course_utils.parallel.experts import SENT as a2a_sent
+from course_utils.parallel.experts import reduce_expert_grads, router_load
 from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, float8_problem, parallelize, \
     pipeline_eval, pipeline_step
 from course_utils.precision import autocast, resolve_precision
@@ -205,11 +206,15 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     stop.install(signal.SIGUSR1)
     timed_tokens, timed_s, started = 0, 0.0, None
     ring_sent.update(forward=0, backward=0)  # the ring's bytes (context parallel), counted over the steps only
+    a2a_sent.update(dispatch=0, combine=0)  # the experts' all-to-alls' (expert parallel), likewise
+    loads = []  # rank 0's routers: assignments per expert each step, summed over the blocks
     first_step = step
     model.train()
     while step < cfg.steps:
         x, y = (my_tokens(t).to(device) for t in data.batch_at(step))
         loss = run.train(x, y)
+        if cfg.experts:
+            loads.append(router_load(model))
         grad_norms.append(clip_grad_norm(model, CLIP, dims, mesh))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -232,6 +237,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     if ckpt:
         save()
     ring = {phase: n / max(step - first_step, 1) for phase, n in ring_sent.items()}  # a step's, this rank's
+    a2a = {phase: n / max(step - first_step, 1) for phase, n in a2a_sent.items()}
 
     model.eval()
     vx, vy = (my_tokens(t).to(device) for t in data.validation(VAL_SEQUENCES))
@@ -250,7 +256,8 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  "tokens_per_s_per_device": rate / world if rate else None, "flops_per_token": fpt,
                  "mfu": rate * fpt / world / (peak * 1e12) if rate and peak else None, "resumed_from": resumed_from,
                  "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device),
-                 "ring_bytes_per_step": ring if dims.cp_enabled else None})
+                 "ring_bytes_per_step": ring if dims.cp_enabled else None,
+                 "all_to_all_bytes_per_step": a2a if dims.ep_enabled else None, "expert_load": loads or None})
     return 0
 
 

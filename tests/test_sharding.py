@@ -7,7 +7,7 @@ import pytest
 
 from course_utils.launch import run_script, start_script
 from course_utils.results import parse_result
-from course_utils.sharding import comm_theory, deepspeed_comm, per_step, sent_per_rank, zero_theory
+from course_utils.sharding import comm_theory, deepspeed_comm, no_offload_per_gpu, per_step, sent_per_rank, zero_theory
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
@@ -24,6 +24,20 @@ def test_theory_reproduces_the_zero_paper():
     assert [comm_theory(10**6, 8, s, grad_accum=4) / ring for s in range(4)] == pytest.approx([2, 2, 5, 12])
     with pytest.raises(ValueError, match="stage"):
         zero_theory(10, 2, 4)
+
+
+def test_the_no_offload_row_is_read_from_the_table_deepspeed_prints():
+    """Notebook 07 puts DeepSpeed's estimators beside the theory: the number it reads is the per-GPU cell of
+    the row without offload (stage 3: the one with zero_init=1), and a table without one is an error, not 0."""
+    stage3 = """  per CPU  |  per GPU |   Options
+   20.95GB |   0.47GB | offload_param=none, offload_optimizer=OffloadDeviceEnum.cpu, zero_init=1
+    3.00GB |   2.21GB | offload_param=none, offload_optimizer=none, zero_init=1
+  335.28GB |   2.21GB | offload_param=none, offload_optimizer=none, zero_init=0"""
+    assert no_offload_per_gpu(stage3) == pytest.approx(2.21 * 2**30)
+    stage2 = " 2682.21GB |  13.97GB | offload_optimizer=OffloadDeviceEnum.cpu\n  335.28GB |  15.93GB | offload_optimizer=none"
+    assert no_offload_per_gpu(stage2) == pytest.approx(15.93 * 2**30)
+    with pytest.raises(ValueError, match="no row without offload"):
+        no_offload_per_gpu(stage2.splitlines()[0])
 
 
 def test_bytes_sent_from_what_each_collective_is_given():

@@ -59,6 +59,23 @@ def paired_bars(groups: Sequence[str], series: dict[str, Sequence[float]], xlabe
     _show()
 
 
+def bar_panels(groups: Sequence[str], series: dict[str, Sequence[float]], title: str, annotate: str = "{:,.1f}"):
+    """One panel per series (name -> a value per group), each on its own linear axis: for quantities in
+    different units (MiB beside ms) that one axis would mix."""
+    fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series), 0.45 * len(groups) + 1.6), sharey=True)
+    for k, (ax, (name, values)) in enumerate(zip(axes, series.items())):
+        ax.barh(range(len(groups)), values, color=PALETTE[k % len(PALETTE)])
+        for i, v in enumerate(values):
+            ax.text(v, i, " " + annotate.format(v), va="center", fontsize=8)
+        ax.set_xlabel(name)
+        ax.set_xlim(0, 1.25 * max(values))  # room for the labels
+    axes[0].set_yticks(range(len(groups)), groups)
+    axes[0].invert_yaxis()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _show()
+
+
 def stacked_bars(labels: Sequence[str], parts: dict[str, Sequence[float]], ylabel: str, title: str,
                  marks: Sequence[float] | None = None, mark_label: str = "theory"):
     """One bar per label, stacked from ``parts`` (name -> a value per label); ``marks`` draws a

@@ -48,6 +48,8 @@ from .foundations import (
 )
 from .frameworks import check_asha_against_fifo, check_four_trainers, check_lightning_jobs, check_plain_fabric
 from .parallelism import (
+    check_all_to_all_traffic,
+    check_balancing_loss,
     check_expert_load,
     check_fsdp_tp,
     check_interleaved_run,

@@ -169,3 +169,28 @@ def check_expert_load(load: Sequence[int], tokens: int, top_k: int, aux_loss: fl
         (f"the balancing loss read it: {aux_loss:.3f}, above 1 (its value where the router's probabilities are "
          "even)", aux_loss > 1.0),
     ])
+
+
+def imbalance(load: Sequence[int]) -> float:
+    """The busiest expert's assignments over the even share: 1.0 when every expert took as many."""
+    return max(load) / (sum(load) / len(load))
+
+
+def check_balancing_loss(plain: Sequence[Sequence[int]], balanced: Sequence[Sequence[int]], last: int) -> None:
+    """Two one-process runs of train_lm.py --experts on the same seed and tokens, without and with the
+    balancing loss: their routers' assignments per expert each step (``expert_load``)."""
+    tail = {name: [sum(col) for col in zip(*loads[-last:])] for name, loads in (("plain", plain), ("balanced", balanced))}
+    verify([
+        ("at step 1 both routed alike (the same weights: the loss acts through the updates)", plain[0] == balanced[0]),
+        ("both routed every step's assignments", [sum(s) for s in plain] == [sum(s) for s in balanced]),
+        (f"over the last {last} steps the busiest expert took {imbalance(tail['plain']):.2f} x its even share without "
+         f"the loss and {imbalance(tail['balanced']):.2f} x with it", imbalance(tail["balanced"]) < imbalance(tail["plain"])),
+    ])
+
+
+def check_all_to_all_traffic(counted: Mapping[str, float], from_load: float) -> None:
+    """The bytes rank 0's dispatch sent to other ranks in a training step (``all_to_all_bytes_per_step``, counted
+    from the split sizes it sent with), against :func:`course_utils.parallel.experts.all_to_all_bytes` of what
+    its routers chose (``expert_load``)."""
+    verify([(f"rank 0's dispatch sent {counted['dispatch']:,.0f} B a step: exactly the rows its routers gave other "
+             f"ranks' experts ({from_load:,.0f} B)", abs(counted["dispatch"] - from_load) < 0.5)])

@@ -22,6 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# the bytes this rank's all-to-alls have sent to other ranks since the last reset (forward: dispatch and
+# combine; each backward sends as many again): what a run counts against all_to_all_bytes
+SENT = {"dispatch": 0, "combine": 0}
+
+
 def capacity_for(factor: float, tokens: int, experts: int, top_k: int) -> int:
     """An expert's capacity: ``factor`` times its even share of the assignments, ``tokens x top_k / experts``,
     rounded up (a hair of float rounding forgiven, so that a factor computed as a ratio lands on its integer)."""
@@ -95,6 +100,9 @@ class MoE(nn.Module):
         received = torch.empty_like(sent)
         dist.all_to_all_single(received, sent, group=group)
         send_sizes, recv_sizes = sent.sum(1).tolist(), received.sum(1).tolist()
+        me, row = dist.get_rank(group), inputs.shape[-1] * inputs.element_size()
+        SENT["dispatch"] += (sum(send_sizes) - send_sizes[me]) * row  # rows for other ranks' experts
+        SENT["combine"] += (sum(recv_sizes) - recv_sizes[me]) * row  # the other ranks' rows, sent back
         # dispatch: each row to its expert's rank, arriving grouped by source rank, then by expert
         arrived = wait_tensor(all_to_all_single_autograd(inputs.contiguous(), recv_sizes, send_sizes, group))
         # regroup by expert (as _experts_here expects), run them, and undo the regrouping
@@ -109,6 +117,13 @@ class MoE(nn.Module):
         returned = torch.cat(back) if back else done
         # combine: every row back to the rank of its token, in the order it left
         return wait_tensor(all_to_all_single_autograd(returned.contiguous(), send_sizes, recv_sizes, group))
+
+
+def router_load(model: nn.Module) -> list[int] | None:
+    """The assignments per expert that this rank's routers made in their last forward, summed over the
+    mixtures of ``model`` (before any capacity drops them); None for a dense model."""
+    loads = [m.stats["load"] for m in model.modules() if isinstance(m, MoE) and m.stats]
+    return [sum(column) for column in zip(*loads)] if loads else None
 
 
 def expert_params(model: nn.Module) -> list[nn.Parameter]:

@@ -30,6 +30,7 @@ from .theory import (  # noqa: F401
     comm_theory,
     deepspeed_comm,
     sent_per_rank,
+    no_offload_per_gpu,
 )
 from .scripts import (  # noqa: F401
     add_sharding_args,

@@ -93,3 +93,14 @@ def sent_per_rank(op: str, input_bytes: float, ranks: int) -> float:
         raise ValueError(f"no ring factor for the collective {op!r}: add it to course_utils.sharding.theory._RING")
     kind, shard = _RING[op]
     return bytes_sent_per_rank(kind, input_bytes * ranks if shard else input_bytes, ranks)
+
+
+def no_offload_per_gpu(table: str) -> float:
+    """Bytes per GPU in the no-offload row of the table that one of DeepSpeed's
+    ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` prints (``per CPU | per GPU | Options``; for stage 3
+    the row with ``zero_init=1``, weights built already sharded)."""
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) == 3 and cells[2].endswith(("offload_optimizer=none", "offload_optimizer=none, zero_init=1")):
+            return float(cells[1].removesuffix("GB")) * 2**30
+    raise ValueError(f"no row without offload in DeepSpeed's estimate (has its table changed?):\n{table}")
