@@ -342,6 +342,23 @@ def test_a_ring_that_sent_more_or_less_than_its_blocks_fails():
             check_ring_traffic(sent, theory, layers=2)
 
 
+def test_a_balancing_loss_that_left_the_load_as_skewed_fails_and_so_does_a_dispatch_that_sent_its_own_rows():
+    from course_utils.checks import check_all_to_all_traffic, check_balancing_loss
+
+    plain = [[442, 524, 571, 511], [180, 720, 300, 848], [157, 960, 191, 740]]  # assignments per expert, steps 1-3
+    balanced = [[442, 524, 571, 511], [400, 600, 400, 648], [500, 560, 480, 508]]
+    check_balancing_loss(plain, balanced, last=2)
+    with pytest.raises(ClaimFailed, match="with it"):  # the loss added nothing: the load as skewed
+        check_balancing_loss(plain, plain, last=2)
+    with pytest.raises(ClaimFailed, match="step 1"):  # runs that did not start from the same router
+        check_balancing_loss(plain, [[512, 512, 512, 512], *balanced[1:]], last=2)
+    with pytest.raises(ClaimFailed, match="every step's assignments"):  # a run that dropped assignments
+        check_balancing_loss(plain, [balanced[0], [400, 600, 400, 600], balanced[2]], last=2)
+    check_all_to_all_traffic({"dispatch": 115_541.0, "combine": 41_643.0}, 115_541.0)
+    with pytest.raises(ClaimFailed, match="exactly the rows"):  # rank 0's own experts' rows sent too
+        check_all_to_all_traffic({"dispatch": 115_541.0 + 12_288, "combine": 41_643.0}, 115_541.0)
+
+
 def test_plain_fabric_must_print_plain_ddp_s_losses():
     from types import SimpleNamespace
 
