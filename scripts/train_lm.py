@@ -44,6 +44,7 @@ from course_utils.hardware import peak_memory_mib, tensor_core_peak_tflops
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
 from course_utils.parallel.context import SENT as ring_sent
 from course_utils.parallel.context import shard
+from course_utils.parallel.checkpointing import SavedForBackward
 from course_utils.parallel.experts import SENT as a2a_sent
 from course_utils.parallel.experts import reduce_expert_grads, router_load
 from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, float8_problem, parallelize, \
@@ -208,11 +209,14 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     ring_sent.update(forward=0, backward=0)  # the ring's bytes (context parallel), counted over the steps only
     a2a_sent.update(dispatch=0, combine=0)  # the experts' all-to-alls' (expert parallel), likewise
     loads = []  # rank 0's routers: assignments per expert each step, summed over the blocks
-    first_step = step
+    first_step, activation_mib = step, None
     model.train()
     while step < cfg.steps:
         x, y = (my_tokens(t).to(device) for t in data.batch_at(step))
-        loss = run.train(x, y)
+        with SavedForBackward() if step == first_step else contextlib.nullcontext() as saved:
+            loss = run.train(x, y)
+        if step == first_step:  # what this rank's first step kept for its backward pass
+            activation_mib = saved.bytes / 2**20
         if cfg.experts:
             loads.append(router_load(model))
         grad_norms.append(clip_grad_norm(model, CLIP, dims, mesh))
@@ -257,7 +261,8 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  "mfu": rate * fpt / world / (peak * 1e12) if rate and peak else None, "resumed_from": resumed_from,
                  "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device),
                  "ring_bytes_per_step": ring if dims.cp_enabled else None,
-                 "all_to_all_bytes_per_step": a2a if dims.ep_enabled else None, "expert_load": loads or None})
+                 "all_to_all_bytes_per_step": a2a if dims.ep_enabled else None, "expert_load": loads or None,
+                 "activation_mib": activation_mib})
     return 0
 
 

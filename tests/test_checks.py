@@ -359,6 +359,18 @@ def test_a_balancing_loss_that_left_the_load_as_skewed_fails_and_so_does_a_dispa
         check_all_to_all_traffic({"dispatch": 115_541.0 + 12_288, "combine": 41_643.0}, 115_541.0)
 
 
+def test_a_context_split_that_kept_every_rank_s_activations_whole_fails():
+    from course_utils.checks import check_cp_activations
+
+    lengths = [64, 128, 256]
+    measured = {1: [6.84, 13.26, 26.11], 2: [3.63, 6.81, 13.15], 4: [1.85, 3.62, 6.81]}
+    check_cp_activations(measured, lengths)
+    with pytest.raises(ClaimFailed, match="CP = 4"):  # ranks that each kept the whole sequence's activations
+        check_cp_activations({**measured, 4: measured[1]}, lengths)
+    with pytest.raises(ClaimFailed, match="grow with the sequence"):  # a count that missed the per-token tensors
+        check_cp_activations({1: [6.84, 7.0, 7.2], 2: [3.5, 3.6, 3.7]}, lengths)
+
+
 def test_plain_fabric_must_print_plain_ddp_s_losses():
     from types import SimpleNamespace
 

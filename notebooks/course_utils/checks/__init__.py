@@ -50,6 +50,7 @@ from .frameworks import check_asha_against_fifo, check_four_trainers, check_ligh
 from .parallelism import (
     check_all_to_all_traffic,
     check_balancing_loss,
+    check_cp_activations,
     check_expert_load,
     check_fsdp_tp,
     check_interleaved_run,

@@ -194,3 +194,20 @@ def check_all_to_all_traffic(counted: Mapping[str, float], from_load: float) -> 
     its routers chose (``expert_load``)."""
     verify([(f"rank 0's dispatch sent {counted['dispatch']:,.0f} B a step: exactly the rows its routers gave other "
              f"ranks' experts ({from_load:,.0f} B)", abs(counted["dispatch"] - from_load) < 0.5)])
+
+
+def check_cp_activations(activations: Mapping[int, Sequence[float]], lengths: Sequence[int]) -> None:
+    """``train_lm.py``'s ``activation_mib`` (what rank 0 kept for the backward pass of its first step) for each
+    context-parallel degree (1 first) at each sequence length: each rank's share of the sequence sets it."""
+    one = activations[1]
+    claims = [(f"at CP = 1 the activations grow with the sequence: {one[-1] / one[0]:.2f} x from {lengths[0]} to "
+               f"{lengths[-1]} tokens ({lengths[-1] // lengths[0]} x as many)",
+               0.9 * lengths[-1] / lengths[0] <= one[-1] / one[0] <= 1.1 * lengths[-1] / lengths[0])]
+    for cp, mib in activations.items():
+        if cp == 1:
+            continue
+        ratios = [m / o for m, o in zip(mib, one, strict=True)]
+        claims.append((f"at CP = {cp} each rank keeps {min(ratios):.2f}-{max(ratios):.2f} of CP = 1's at every length "
+                       f"(1/{cp} = {1 / cp:.2f}, plus the ring's own fp32 output and log-sum-exp)",
+                       all(1 / cp <= r <= 1.25 / cp for r in ratios)))
+    verify(claims)

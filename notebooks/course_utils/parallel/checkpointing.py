@@ -51,6 +51,33 @@ def apply_ac(model: nn.Module, mode: str) -> None:
                 block, context_fn=partial(create_selective_checkpoint_contexts, _policy), preserve_rng_state=False)
 
 
+class SavedForBackward:
+    """The bytes autograd keeps for the backward pass while this context is open: every tensor a forward saves
+    (``torch.autograd.graph.saved_tensors_hooks``), each storage once, parameters left out (the model's state,
+    not its activations). What a rank's activations cost, on a CPU as on a GPU, whatever the layout."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, nn.Parameter) and t.device.type != "meta":
+            storage = t.untyped_storage()
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    def __enter__(self) -> "SavedForBackward":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
 def measure_step(model: nn.Module, tokens: torch.Tensor, repeats: int = 3) -> tuple[float, float]:
     """One forward and backward pass of ``model`` on ``tokens``: the peak memory above the model's own state
     (MiB: CUDA's allocator on a GPU, torch's MemTracker on a CPU, which counts every tensor) and the median
