@@ -42,6 +42,7 @@ from course_utils.devices import PlacementError
 from course_utils.errors import fail
 from course_utils.hardware import peak_memory_mib, tensor_core_peak_tflops
 from course_utils.llama import build_llama, flops_per_token, parameter_counts
+from course_utils.parallel.context import WORK as ring_work
 from course_utils.parallel.context import SENT as ring_sent
 from course_utils.parallel.context import shard
 from course_utils.parallel.checkpointing import SavedForBackward
@@ -134,6 +135,13 @@ def loss_context(split_vocab: bool) -> contextlib.AbstractContextManager:
     return loss_parallel() if split_vocab else contextlib.nullcontext()
 
 
+def gathered(value: float) -> list[float]:
+    """``value`` from every rank, in rank order."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
     """A loss averaged over the data-parallel ranks: the tensor-parallel ranks hold the same one, each
     context-parallel rank its tokens' mean (as many tokens each), and in a pipeline only the last stage's ranks
@@ -166,7 +174,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     model.to(device)
     bf16 = torch.bfloat16 if precision == "bf16" else None
     parallelize(model, dims, mesh, ac=cfg.ac, param_dtype=bf16, compile=cfg.compile, float8=cfg.float8,
-                seq_len=cfg.seq_len)
+                seq_len=cfg.seq_len, cp_layout=cfg.cp_layout)
     # FSDP2 casts the gathered weights to bf16 itself; without it, autocast does
     run = Step(model, dims, mesh, cfg, "fp32" if dims.fsdp_enabled else precision, device)
     optimizer = make_optimizer(model, cfg, cfg.lr)
@@ -176,7 +184,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     cp_rank = mesh["cp"].get_local_rank()
 
     def my_tokens(batch: torch.Tensor) -> torch.Tensor:  # context parallel: this rank's share of each sequence
-        return shard(batch, "zigzag", cp_rank, dims.cp) if dims.cp_enabled else batch
+        return shard(batch, cfg.cp_layout, cp_rank, dims.cp) if dims.cp_enabled else batch
     losses, grad_norms, step, resumed_from = [], [], 0, None
     ckpt = ensure_writable_dir(cfg.ckpt_dir, "checkpoint folder") if cfg.ckpt_dir else None
     saved = latest_sharded(ckpt) if ckpt and cfg.resume else None
@@ -207,6 +215,7 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     stop.install(signal.SIGUSR1)
     timed_tokens, timed_s, started = 0, 0.0, None
     ring_sent.update(forward=0, backward=0)  # the ring's bytes (context parallel), counted over the steps only
+    ring_work.update(seconds=0.0, pairs=0)  # and each rank's attention blocks: their seconds and pairs
     a2a_sent.update(dispatch=0, combine=0)  # the experts' all-to-alls' (expert parallel), likewise
     loads = []  # rank 0's routers: assignments per expert each step, summed over the blocks
     first_step, activation_mib = step, None
@@ -242,6 +251,9 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
         save()
     ring = {phase: n / max(step - first_step, 1) for phase, n in ring_sent.items()}  # a step's, this rank's
     a2a = {phase: n / max(step - first_step, 1) for phase, n in a2a_sent.items()}
+    steps_run = max(step - first_step, 1)
+    attention = {"ms": [1000 * t / steps_run for t in gathered(ring_work["seconds"])],  # by rank, a step
+                 "pairs": [n // steps_run for n in gathered(ring_work["pairs"])]}
 
     model.eval()
     vx, vy = (my_tokens(t).to(device) for t in data.validation(VAL_SEQUENCES))
@@ -262,7 +274,8 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  "stopped": stop.reason if stop.code else None, "peak_memory_mib": peak_memory_mib(device),
                  "ring_bytes_per_step": ring if dims.cp_enabled else None,
                  "all_to_all_bytes_per_step": a2a if dims.ep_enabled else None, "expert_load": loads or None,
-                 "activation_mib": activation_mib})
+                 "activation_mib": activation_mib,
+                 "attention_per_step_by_rank": attention if dims.cp_enabled else None})
     return 0
 
 

@@ -219,11 +219,18 @@ def test_a_transformer_layout_that_parted_from_the_unsplit_run_fails():
 def test_a_zigzag_split_that_left_ranks_uneven_fails_and_a_router_read_as_even_fails():
     from course_utils.checks import check_expert_load, check_zigzag_balance
 
-    check_zigzag_balance({"contiguous": [136, 392, 648, 904], "zigzag": [520, 520, 520, 520]})
-    with pytest.raises(ClaimFailed, match="the same work"):  # a split that only shuffled the chunks
-        check_zigzag_balance({"contiguous": [136, 392, 648, 904], "zigzag": [392, 136, 904, 648]})
+    triangle = {"contiguous": [136, 392, 648, 904], "zigzag": [520, 520, 520, 520]}
+    counted = {"contiguous": [256, 512, 768, 1024], "zigzag": [576, 576, 576, 576]}
+    check_zigzag_balance(triangle, counted, counted)
+    with pytest.raises(ClaimFailed, match="the same share"):  # a split that only shuffled the chunks
+        check_zigzag_balance({**triangle, "zigzag": [392, 136, 904, 648]}, counted, counted)
     with pytest.raises(ClaimFailed, match="whole causal triangle"):  # a split that skipped the diagonal blocks
-        check_zigzag_balance({"contiguous": [136, 392, 648, 904], "zigzag": [480, 480, 480, 480]})
+        check_zigzag_balance({**triangle, "zigzag": [480, 480, 480, 480]}, counted, counted)
+    whole_blocks = {**counted, "zigzag": [1024, 1024, 1024, 1024]}  # a ring that skipped no chunk pair
+    with pytest.raises(ClaimFailed, match="chunk theory"):
+        check_zigzag_balance(triangle, whole_blocks, counted)
+    with pytest.raises(ClaimFailed, match="busiest rank"):
+        check_zigzag_balance(triangle, whole_blocks, whole_blocks)
     check_expert_load([640, 712, 679, 1291, 711, 405, 2150, 1604], 4096, 2, 1.061)
     with pytest.raises(ClaimFailed, match="every token went to 2 experts"):  # top-1 routing counted as top-2
         check_expert_load([320, 356, 340, 645, 355, 203, 1075, 802], 4096, 2, 1.061)
@@ -369,6 +376,16 @@ def test_a_context_split_that_kept_every_rank_s_activations_whole_fails():
         check_cp_activations({**measured, 4: measured[1]}, lengths)
     with pytest.raises(ClaimFailed, match="grow with the sequence"):  # a count that missed the per-token tensors
         check_cp_activations({1: [6.84, 7.0, 7.2], 2: [3.5, 3.6, 3.7]}, lengths)
+
+
+def test_a_shuffle_buffer_that_mixed_nothing_or_mixed_as_much_when_small_fails():
+    from course_utils.checks.data import check_shuffle_buffer
+
+    check_shuffle_buffer({0: [1, 1, 2], 51: [2, 3, 2], 1000: [8, 9, 8]}, 51, 1000, run=102)
+    with pytest.raises(ClaimFailed, match="mixes the classes"):  # a buffer that emitted in the order it read
+        check_shuffle_buffer({0: [1, 1, 2], 51: [1, 1, 2], 1000: [1, 2, 2]}, 51, 1000, run=102)
+    with pytest.raises(ClaimFailed, match="mixes less"):  # a small buffer drawing from the whole reader's share
+        check_shuffle_buffer({0: [1, 1, 2], 51: [8, 9, 8], 1000: [8, 9, 8]}, 51, 1000, run=102)
 
 
 def test_plain_fabric_must_print_plain_ddp_s_losses():

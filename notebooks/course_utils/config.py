@@ -125,6 +125,9 @@ class TrainConfig:
                              "shard within a node, replicate across)", minimum=1)
     cp: int = knob(1, "transformer", "context-parallel ranks: each holds a share of every sequence, attention "
                    "round a ring (zig-zag split)", minimum=1)
+    cp_layout: str = knob("zigzag", "transformer", "how --cp splits a sequence: 2N chunks, rank r holding r and "
+                          "2N-1-r (zigzag, even work under the causal mask), or N in order (contiguous)",
+                          choices=("zigzag", "contiguous"))
     tp: int = knob(1, "transformer", "tensor-parallel ranks (heads and hidden units split; a node's GPUs)",
                    minimum=1)
     experts: int = knob(0, "transformer", "make every MLP a mixture of this many experts, 2 per token (0: dense)",

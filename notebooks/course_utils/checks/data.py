@@ -68,12 +68,14 @@ def check_workers_rule(au: Mapping[str, Mapping[int, float]], compute: Mapping[s
     verify(list(claims.values()), detail=lambda: f"utilisation by case and workers: {dict(au)}")
 
 
-def check_shuffle_buffer(mix: Mapping[int, Sequence[int]], buffer: int) -> None:
-    """Classes per batch from shards written in class order, read without a buffer (0) and with ``buffer``."""
-    none, some = (sum(mix[b]) / len(mix[b]) for b in (0, buffer))
+def check_shuffle_buffer(mix: Mapping[int, Sequence[int]], small: int, buffer: int, run: int) -> None:
+    """Classes per batch from shards written in class order (``run`` images of a class in a row), read without a
+    buffer (0), with a ``small`` one and with ``buffer``."""
+    none, few, some = (sum(mix[b]) / len(mix[b]) for b in (0, small, buffer))
     verify([
         (f"without a buffer a batch comes from one or two shards: {none:.1f} classes a batch", none < 3),
-        (f"the buffer of {buffer} mixes the classes of the shards it holds: {some:.1f} a batch", some > 2 * none),
+        (f"a buffer of {small}, shorter than a class's run of about {run}, mixes less: {few:.1f} a batch", few < some),
+        (f"the buffer of {buffer} mixes the classes of the samples it holds: {some:.1f} a batch", some > 2 * none),
     ])
 
 

@@ -148,14 +148,22 @@ def check_ring_traffic(sent: Mapping[str, float], theory: Mapping[str, int], lay
              sent[phase] == layers * theory[phase]) for phase in ("forward", "backward")])
 
 
-def check_zigzag_balance(work: Mapping[str, Sequence[int]]) -> None:
-    """The query-key pairs each rank's causal attention computes, per split (``contiguous``, ``zigzag``)."""
+def check_zigzag_balance(work: Mapping[str, Sequence[int]], computed: Mapping[str, Sequence[int]],
+                         theory: Mapping[str, Sequence[int]]) -> None:
+    """Per split (``contiguous``, ``zigzag``), per rank: the causal triangle's query-key pairs (``work``), the pairs
+    each rank's ring computed per layer in a run (``computed``, counted as it ran), and
+    :func:`course_utils.parallel.context.computed_pairs` (``theory``)."""
     contiguous, zigzag = work["contiguous"], work["zigzag"]
+    ran = {layout: max(pairs) for layout, pairs in computed.items()}
     verify([
-        ("both splits compute the whole causal triangle", sum(contiguous) == sum(zigzag)),
-        (f"the contiguous split leaves the last rank {contiguous[-1] / contiguous[0]:.1f} x the first rank's work",
+        ("both splits share out the whole causal triangle", sum(contiguous) == sum(zigzag)),
+        (f"the contiguous split leaves the last rank {contiguous[-1] / contiguous[0]:.1f} x the first rank's share",
          contiguous[-1] > contiguous[0] and list(contiguous) == sorted(contiguous)),
-        ("the zig-zag split gives every rank the same work", len(set(zigzag)) == 1),
+        ("the zig-zag split gives every rank the same share", len(set(zigzag)) == 1),
+        ("each rank's ring computed the pairs the chunk theory counts, under both splits",
+         {k: list(v) for k, v in computed.items()} == {k: list(v) for k, v in theory.items()}),
+        (f"the busiest rank computed {ran['contiguous'] / ran['zigzag']:.2f} x as many pairs split in order as split "
+         "zig-zag: the step waits for it", ran["zigzag"] < ran["contiguous"]),
     ])
 
 

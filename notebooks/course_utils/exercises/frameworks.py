@@ -48,6 +48,7 @@ def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: 
 # 2 per node, on 1, 2 and 8 nodes, and a model too large for any stage. The fp32 cases fit the textbook's 16 bytes
 # per parameter one stage lower than DeepSpeed's 20 (its fp32 copy of the weights is kept in fp32 runs too)
 STAGE_CASES = {(1_500_000_000, 2, 40e9, "bf16"): 0, (3_000_000_000, 2, 40e9, "bf16"): 1,
+               (7_000_000_000, 8, 40e9, "bf16"): 1,  # the prompt's prediction: 2 + 2 + 12/8 bytes, 38.5 GB
                (6_000_000_000, 4, 40e9, "bf16"): 2, (20_000_000_000, 16, 40e9, "bf16"): 3,
                (70_000_000_000, 8, 40e9, "bf16"): None, (7_000_000_000, 1, 80e9, "bf16"): None,
                (2_200_000_000, 2, 40e9, "fp32"): 1, (4_300_000_000, 8, 40e9, "fp32"): 2,

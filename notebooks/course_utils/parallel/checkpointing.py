@@ -61,8 +61,12 @@ class SavedForBackward:
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, nn.Parameter) and t.device.type != "meta":
-            storage = t.untyped_storage()
-            self.storages[storage.data_ptr()] = storage.nbytes()
+            local = getattr(t, "_local_tensor", t)  # a DTensor (tensor parallel): this rank's part of it
+            try:
+                storage = local.untyped_storage()
+                self.storages[storage.data_ptr()] = storage.nbytes()
+            except RuntimeError:  # another tensor subclass, without a storage of its own: its bytes
+                self.storages[id(local)] = local.numel() * local.element_size()
         return t
 
     def __enter__(self) -> "SavedForBackward":

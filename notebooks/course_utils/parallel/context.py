@@ -45,9 +45,36 @@ def shard(x: torch.Tensor, layout: str, rank: int, ranks: int, dim: int = 1) -> 
     return x.index_select(dim, positions(layout, rank, ranks, x.shape[dim]).to(x.device))
 
 
+# this rank's attention work since the last reset: the seconds it spent computing blocks (forward and backward,
+# the sends left out) and the query-key pairs its forward computed (a block's masked pairs too): how a split
+# balances the ranks
+WORK = {"seconds": 0.0, "pairs": 0}
+
+
+def _timed(fn):
+    """``fn``, its seconds added to WORK (a GPU synchronised around it, so that they are its own)."""
+    import functools
+    import time
+
+    @functools.wraps(fn)
+    def timed(*args):
+        cuda = args[0].is_cuda
+        if cuda:
+            torch.cuda.synchronize(args[0].device)
+        start = time.perf_counter()
+        out = fn(*args)
+        if cuda:
+            torch.cuda.synchronize(args[0].device)
+        WORK["seconds"] += time.perf_counter() - start
+        return out
+    return timed
+
+
+@_timed
 def _block(q, k, v, q_pos, k_pos, scale):
     """One block of causal attention: its output normalised within the block and its rows' log-sum-exp (-inf for
     rows that see none of the block's keys, whose output is 0)."""
+    WORK["pairs"] += q.shape[-2] * k.shape[-2]  # per sequence and head
     scores = (q @ k.transpose(-2, -1)) * scale
     scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1, keepdim=True)
@@ -72,6 +99,17 @@ def _rotate(tensors: list[torch.Tensor], group, phase: str = "forward") -> list[
     return received
 
 
+@_timed
+def _block_grads(qf, kf, vf, q_pos, k_pos, scale, lse, dout, delta):
+    """One block's gradients for the queries, keys and values, from the whole row's log-sum-exp (flash
+    attention's backward: the block's probabilities recomputed, never stored)."""
+    scores = (qf @ kf.transpose(-2, -1)) * scale
+    scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    probs = torch.exp(scores - lse)  # the softmax over the whole sequence, this block's columns
+    dscores = probs * (dout @ vf.transpose(-2, -1) - delta)
+    return dscores @ kf * scale, dscores.transpose(-2, -1) @ qf * scale, probs.transpose(-2, -1) @ dout
+
+
 class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's queries over the whole sequence, its keys and values passed round the
     ring. ``q, k, v``: (batch, heads, local tokens, head_dim); ``q_pos``: their global positions."""
@@ -79,23 +117,27 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, q_pos, group, layout):
         rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-        scale = q.shape[-1] ** -0.5
-        out, lse = torch.zeros_like(q, dtype=torch.float32), None
+        scale, c = q.shape[-1] ** -0.5, len(chunk_ids(layout, rank, ranks))  # c: the chunks a rank holds
+        rows = list(zip(q.float().chunk(c, dim=2), q_pos.chunk(c)))
+        outs, lses = [None] * c, [None] * c
         kv = [k, v]
         for step in range(ranks):
             k_pos = positions(layout, (rank - step) % ranks, ranks, q_pos.numel() * ranks).to(q.device)
-            if k_pos.min() > q_pos.max():  # every key after every query: the causal mask leaves nothing to compute
-                kv = _rotate(kv, group) if step < ranks - 1 else kv
-                continue
-            part, part_lse = _block(q.float(), kv[0].float(), kv[1].float(), q_pos, k_pos, scale)
-            if lse is None:  # the first block is this rank's own: every row sees at least itself
-                out, lse = part, part_lse
-            else:  # the online softmax: both partial results reweighted by the merged log-sum-exp
-                merged = torch.logaddexp(lse, part_lse)
-                out = out * torch.exp(lse - merged) + part * torch.exp(part_lse - merged)
-                lse = merged
+            for i, (qi, qpi) in enumerate(rows):  # each chunk of queries meets the key chunks the mask leaves it
+                keep = [j for j, kp in enumerate(k_pos.chunk(c)) if kp.min() <= qpi.max()]
+                if not keep:
+                    continue
+                ks, vs = (torch.cat([t.float().chunk(c, dim=2)[j] for j in keep], dim=2) for t in kv)
+                part, part_lse = _block(qi, ks, vs, qpi, torch.cat([k_pos.chunk(c)[j] for j in keep]), scale)
+                if lses[i] is None:  # the first block is this rank's own: every row sees at least itself
+                    outs[i], lses[i] = part, part_lse
+                else:  # the online softmax: both partial results reweighted by the merged log-sum-exp
+                    merged = torch.logaddexp(lses[i], part_lse)
+                    outs[i] = outs[i] * torch.exp(lses[i] - merged) + part * torch.exp(part_lse - merged)
+                    lses[i] = merged
             if step < ranks - 1:
                 kv = _rotate(kv, group)
+        out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
         ctx.save_for_backward(q, k, v, q_pos, out, lse)
         ctx.group, ctx.layout = group, layout
         return out.to(q.dtype)
@@ -105,27 +147,26 @@ class RingAttention(torch.autograd.Function):
         q, k, v, q_pos, out, lse = ctx.saved_tensors
         group, layout = ctx.group, ctx.layout
         rank, ranks = dist.get_rank(group), dist.get_world_size(group)
-        scale = q.shape[-1] ** -0.5
+        scale, c = q.shape[-1] ** -0.5, len(chunk_ids(layout, rank, ranks))
         qf, dout = q.float(), grad_out.float()
         delta = (dout * out).sum(-1, keepdim=True)  # flash attention's D: rowsum(dO * O)
         dq = torch.zeros_like(qf)
+        rows = list(zip(qf.chunk(c, dim=2), q_pos.chunk(c), lse.chunk(c, dim=2), dout.chunk(c, dim=2),
+                        delta.chunk(c, dim=2), dq.chunk(c, dim=2)))  # dq's chunks: views, added to in place
         kv, dkv = [k, v], [torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
         for step in range(ranks):
             k_pos = positions(layout, (rank - step) % ranks, ranks, q_pos.numel() * ranks).to(q.device)
-            if k_pos.min() > q_pos.max():  # masked out in the forward: no gradient, the block goes on
-                if step < ranks - 1:
-                    kv, dkv = _rotate(kv, group, "backward"), _rotate(dkv, group, "backward")
-                else:
-                    dkv = _rotate(dkv, group, "backward")
-                continue
-            kf, vf = kv[0].float(), kv[1].float()
-            scores = (qf @ kf.transpose(-2, -1)) * scale
-            scores = scores.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
-            probs = torch.exp(scores - lse)  # the softmax over the whole sequence, this block's columns
-            dkv[1] = dkv[1] + probs.transpose(-2, -1) @ dout
-            dscores = probs * (dout @ vf.transpose(-2, -1) - delta)
-            dq = dq + dscores @ kf * scale
-            dkv[0] = dkv[0] + dscores.transpose(-2, -1) @ qf * scale
+            for qi, qpi, lse_i, dout_i, delta_i, dq_i in rows:  # the pairs the forward computed, in its order
+                keep = [j for j, kp in enumerate(k_pos.chunk(c)) if kp.min() <= qpi.max()]
+                if not keep:
+                    continue
+                ks, vs = (torch.cat([t.float().chunk(c, dim=2)[j] for j in keep], dim=2) for t in kv)
+                d_q, d_k, d_v = _block_grads(qi, ks, vs, qpi, torch.cat([k_pos.chunk(c)[j] for j in keep]), scale,
+                                             lse_i, dout_i, delta_i)
+                dq_i += d_q
+                for grads, d in zip(dkv, (d_k, d_v)):  # each kept key chunk's share, into its place in the block
+                    for j, piece in zip(keep, d.chunk(len(keep), dim=2)):
+                        grads.chunk(c, dim=2)[j].add_(piece)
             # the block and the gradients gathered for it so far go on; the last pass takes the gradients home
             if step < ranks - 1:
                 kv, dkv = _rotate(kv, group, "backward"), _rotate(dkv, group, "backward")
@@ -147,6 +188,16 @@ def attention_work(layout: str, ranks: int, seq_len: int) -> list[int]:
         q = positions(layout, rank, ranks, seq_len)
         total.append(int(sum((q + 1).tolist())))  # a query at position p sees p + 1 keys
     return total
+
+
+def computed_pairs(layout: str, ranks: int, seq_len: int) -> list[int]:
+    """The query-key pairs each rank's forward computes per attention layer (per sequence and head), skipping
+    the chunk pairs the causal mask leaves empty (a chunk: a rank's share, or half of it under zigzag) and
+    computing the rest whole, masked pairs too."""
+    chunks = len(chunk_ids(layout, 0, ranks))
+    size = seq_len // (chunks * ranks)
+    return [size * size * sum(1 for mine in chunk_ids(layout, rank, ranks) for other in range(ranks)
+                              for theirs in chunk_ids(layout, other, ranks) if theirs <= mine) for rank in range(ranks)]
 
 
 def ring_bytes(k: torch.Tensor, v: torch.Tensor, ranks: int) -> dict[str, int]:

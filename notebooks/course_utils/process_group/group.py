@@ -85,6 +85,7 @@ def init_distributed(
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     atexit.register(_release_at_exit)
+    # the group every rank joins: how long its collectives wait for a peer, and (NCCL) the rank's own GPU
     dist.init_process_group(
         backend=backend or placement.backend,
         store=store,
@@ -92,7 +93,7 @@ def init_distributed(
         world_size=info.world_size,
         timeout=_dt.timedelta(seconds=timeout_s),
         # NCCL then knows each rank's GPU for barrier() and object collectives, instead of guessing, and creates
-        # its communicator here rather than inside the first collective, where no timeout applies (pytorch #104506)
+        # its communicator here rather than inside the first collective, where no timeout applies
         device_id=dev if dev.type == "cuda" else None,
     )
     return info, dev
