@@ -507,6 +507,7 @@ USERS_OWN = ("plain_ddp.py", "plain_resumable.py")  # the researcher's own: no c
 HOROVOD_OWN = "plain_horovod.py"  # the same script in Horovod (hvd.init, then set_device); not run here
 SINGLE_OWN = "plain_single.py"  # the one-device script plain_ddp.py makes distributed (notebook 03's diff): no group
 FABRIC_OWN = "plain_fabric.py"  # plain_ddp.py in Fabric (notebook 06's diff): fabric.launch() sets the GPU and the group
+LIGHTNING_OWN = "plain_lightning.py"  # plain_ddp.py as a LightningModule (notebook 06 §3): the Trainer sets them
 
 
 def _calls(path):
@@ -525,7 +526,7 @@ def test_every_script_gets_its_device_and_group_through_the_door():
 
     around = {}
     for path in sorted(SCRIPTS.glob("*.py")):
-        if path.name in (*USERS_OWN, HOROVOD_OWN, SINGLE_OWN, FABRIC_OWN):
+        if path.name in (*USERS_OWN, HOROVOD_OWN, SINGLE_OWN, FABRIC_OWN, LIGHTNING_OWN):
             continue
         allowed = COUNTS_GPUS_TO_LAUNCH.get(path.name, set())
         bad = [f"{name}() line {line}" for name, line in _calls(path) if name in AROUND_THE_DOOR - allowed]
