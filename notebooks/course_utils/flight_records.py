@@ -95,3 +95,30 @@ def py_spy_dump(pid: int | None) -> str:
     run = run_command([beside if beside.exists() else "py-spy", "dump", "--pid", pid], timeout_s=30, check=False,
                       echo=False)
     return re.sub(r"\x1b\[[0-9;]*m", "", run.output)
+
+
+# TORCH_DISTRIBUTED_DEBUG=DETAIL's error names each rank's call as a fingerprint
+_FINGERPRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), "
+                          r"OpType=(\w+), TensorShape=\[([^\]]*)\]")
+
+
+def detail_mismatch(lines: list[str]) -> tuple[str, dict[int, tuple[int, str, list[int]]]]:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL's report, in a run's output, of ranks calling different collectives (from its
+    first words, the log's prefix left out), and what it names for each rank: (sequence number, operation,
+    shape). ('', {}) without one."""
+    reports = [line for line in lines if "Detected mismatch" in line]  # each rank's, some cut short by its script
+    named = {int(rank): (int(seq), op, [int(x) for x in shape.split(",") if x.strip()])
+             for line in reports for rank, seq, op, shape in _FINGERPRINT.findall(line)}
+    line = max(reports, key=len, default="")  # faulty_ddp.py prints the error's first line, then the record's path
+    return line[line.find("Detected mismatch"):].split("; flight record written")[0] if line else "", named
+
+
+def frames_only(stack: str) -> str:
+    """A py-spy dump or a debug server's stack without its headers (the process's command line, Python's path, the
+    server's own thread, which has no frames): each thread and its frames, innermost first, with paths from the
+    repository's root."""
+    from .show import relative
+
+    lines = [line for line in stack.splitlines()
+             if line.strip() and not line.startswith(("Process ", "Python v", "Current thread"))]
+    return relative("\n".join(lines))
