@@ -53,7 +53,7 @@ from course_utils.parallel import ParallelDims, build_schedule, clip_grad_norm, 
 from course_utils.precision import autocast, resolve_precision
 from course_utils.preemption import StopRequest
 from course_utils.results import emit_result
-from course_utils.sharding import fsdp_precision
+from course_utils.sharding import fsdp_precision, local_bytes
 from course_utils.timing import sync
 from course_utils.trainer import make_optimizer
 
@@ -218,14 +218,15 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     ring_work.update(seconds=0.0, pairs=0)  # and each rank's attention blocks: their seconds and pairs
     a2a_sent.update(dispatch=0, combine=0)  # the experts' all-to-alls' (expert parallel), likewise
     loads = []  # rank 0's routers: assignments per expert each step, summed over the blocks
-    first_step, activation_mib = step, None
+    first_step, activation_mib, gradient_mib = step, None, None
     model.train()
     while step < cfg.steps:
         x, y = (my_tokens(t).to(device) for t in data.batch_at(step))
         with SavedForBackward() if step == first_step else contextlib.nullcontext() as saved:
             loss = run.train(x, y)
-        if step == first_step:  # what this rank's first step kept for its backward pass
+        if step == first_step:  # what this rank's first step kept for its backward pass, and the gradients it made
             activation_mib = saved.bytes / 2**20
+            gradient_mib = local_bytes(p.grad for p in model.parameters()) / 2**20
         if cfg.experts:
             loads.append(router_load(model))
         grad_norms.append(clip_grad_norm(model, CLIP, dims, mesh))
@@ -275,6 +276,9 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
                  "ring_bytes_per_step": ring if dims.cp_enabled else None,
                  "all_to_all_bytes_per_step": a2a if dims.ep_enabled else None, "expert_load": loads or None,
                  "activation_mib": activation_mib,
+                 "state_mib": {"params": local_bytes(model.parameters()) / 2**20, "gradients": gradient_mib,  # this rank's
+                               "optimizer": local_bytes(t for s in optimizer.state.values() for t in s.values()
+                                                        if torch.is_tensor(t) and t.dim() > 0) / 2**20},
                  "attention_per_step_by_rank": attention if dims.cp_enabled else None})
     return 0
 

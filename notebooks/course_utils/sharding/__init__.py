@@ -52,4 +52,5 @@ from .measure import (  # noqa: F401
     _fsdp_param_groups,
     fsdp_gradient_bytes,
     fsdp_memory,
+    local_bytes,
 )

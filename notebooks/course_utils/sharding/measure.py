@@ -160,6 +160,12 @@ def _local(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def local_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes this rank holds of ``tensors``: each DTensor's local part (FSDP2's shard, tensor parallel's
+    slice), plain tensors whole, each buffer once."""
+    return _nbytes(_local(t) for t in tensors if t is not None)
+
+
 def _fsdp_param_groups(module: torch.nn.Module) -> list[Any]:
     """The FSDP2 parameter groups ``fully_shard`` gave this module: a list in torch 2.14, one group
     (``_fsdp_param_group``, or None) in torch 2.11, the GPU machines' (read there on an H200)."""
