@@ -135,13 +135,6 @@ def loss_context(split_vocab: bool) -> contextlib.AbstractContextManager:
     return loss_parallel() if split_vocab else contextlib.nullcontext()
 
 
-def gathered(value: float) -> list[float]:
-    """``value`` from every rank, in rank order."""
-    values = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return values
-
-
 def mean_over_ranks(value: torch.Tensor, dims: ParallelDims) -> float:
     """A loss averaged over the data-parallel ranks: the tensor-parallel ranks hold the same one, each
     context-parallel rank its tokens' mean (as many tokens each), and in a pipeline only the last stage's ranks
@@ -253,8 +246,8 @@ def train(cfg: TrainConfig, info: cdist.DistEnv, device: torch.device) -> int:
     ring = {phase: n / max(step - first_step, 1) for phase, n in ring_sent.items()}  # a step's, this rank's
     a2a = {phase: n / max(step - first_step, 1) for phase, n in a2a_sent.items()}
     steps_run = max(step - first_step, 1)
-    attention = {"ms": [1000 * t / steps_run for t in gathered(ring_work["seconds"])],  # by rank, a step
-                 "pairs": [n // steps_run for n in gathered(ring_work["pairs"])]}
+    attention = {"ms": [1000 * t / steps_run for t in cdist.gathered(ring_work["seconds"])],  # by rank, a step
+                 "pairs": [n // steps_run for n in cdist.gathered(ring_work["pairs"])]}
 
     model.eval()
     vx, vy = (my_tokens(t).to(device) for t in data.validation(VAL_SEQUENCES))

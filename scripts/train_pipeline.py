@@ -186,13 +186,6 @@ def microbatch_plan(schedules: list[str], wanted: list[int], stages: int) -> tup
     return None, notes
 
 
-def gathered(obj: object) -> list:
-    """Every rank's ``obj``, in rank order, on every rank."""
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
-
-
 def train(args: argparse.Namespace) -> int:
     """The course's run (--model mlp), one stage per rank, through --schedule with --microbatches[0]."""
     from torch.distributed.pipelining import PipelineStage
@@ -232,7 +225,7 @@ def train(args: argparse.Namespace) -> int:
     optimizer = make_optimizer(mine, cfg, config_lr(cfg, 1))  # one model replica: the batch is the global batch
     pipe = schedule_class(args.schedule)(PipelineStage(mine, stage, stages, device), n_microbatches=m,
                                          loss_fn=nn.functional.cross_entropy)
-    units = gathered(mine.units)
+    units = cdist.gathered(mine.units)
     cdist.print0(f"{stages} stages, {args.schedule}, {m} micro-batches of {cfg.batch_size // m}; units per stage: "
                  + "; ".join(f"{r}: {' '.join(u)}" for r, u in enumerate(units)))
 
@@ -278,7 +271,7 @@ def train(args: argparse.Namespace) -> int:
                                                  "rng": rng_state_json()})
     # the whole model on every rank, from the stages' weights, to evaluate as every trainer does
     whole = build_model(cfg.model, meta.channels, meta.num_classes)
-    parts = gathered({k: v.detach().cpu() for k, v in mine.state_dict().items()})
+    parts = cdist.gathered({k: v.detach().cpu() for k, v in mine.state_dict().items()})
     whole.load_state_dict({k: v for part in parts for k, v in part.items()})
     val_loss, val_acc = evaluate(whole.to(device), val_loader, device)
     if stage == 0:
@@ -312,7 +305,7 @@ def main() -> int:
                 if m < min_microbatches(name, stages):
                     continue
                 mine = time_schedule(name, m, stage, stages, args.hidden, args.compute_ms / 1000, device)
-                every = gathered(mine)
+                every = cdist.gathered(mine)
                 step_s = max(r["step_s"] for r in every)  # the step ends when the last stage is done
                 one_chunk = chunks(name) == 1  # the activations held and the order: written down for one
                 # the share of the step a stage was not computing, from when its passes ran (a sleep that

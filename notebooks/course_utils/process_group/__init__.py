@@ -31,11 +31,11 @@ from .group import (
     session,
 )
 from .rendezvous import RendezvousError, listen_failure
-from .report import describe, print0, print_ranks, ranks_agree, ranks_per_host, require_processes
+from .report import describe, gathered, print0, print_ranks, ranks_agree, ranks_per_host, require_processes
 
 __all__ = [
     "DEFAULT_JOIN_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "DistEnv", "barrier", "choose_device", "cleanup",
-    "collective_timeout_s", "describe",
+    "collective_timeout_s", "describe", "gathered",
     "detect_env", "expand_hostlist", "free_port", "get_rank", "get_world_size", "init_distributed",
     "is_initialized", "is_main_process", "parallel_mesh", "port_from_job_id", "print0", "print_ranks", "ranks_agree",
     "ranks_per_host", "require_processes", "session", "RendezvousError", "listen_failure",

@@ -46,6 +46,15 @@ def print_ranks(text: str) -> None:
         print("\n".join(str(t) for t in texts), flush=True)
 
 
+def gathered(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (a collective; ``[obj]`` without a group)."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] = [None] * get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def ranks_per_host() -> dict[str, int]:
     """How many ranks run on each host (a collective; 1 on this host without a group)."""
     hosts: list[Any] = [socket.gethostname()] * get_world_size()

@@ -200,5 +200,5 @@ def fsdp_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer, gradie
     """Bytes of params (this rank's shards: FSDP2 keeps them in fp32, so they are also the master
     copy), gradients and optimizer moments this rank holds under ``fully_shard``."""
     state = [_local(t) for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
-    return {"params": _nbytes(_local(p) for p in model.parameters()), "gradients": gradient_bytes,
+    return {"params": local_bytes(model.parameters()), "gradients": gradient_bytes,
             "optimizer": _nbytes(state), "optimizer_device": ",".join(sorted({t.device.type for t in state}))}
