@@ -8,18 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..claims import verify
-from ..sharding import deepspeed_comm
+from ..sharding import PARTS, deepspeed_comm, model_state_bytes
 
-PARTS = ("params", "gradients", "optimizer")
 # ZeRO pads each flat shard (stages 1-2) or each weight (stage 3) up to a multiple of the ranks: a few elements
 PAD_PER_RANK = 64  # bytes per part, times the ranks
 # bytes sent: the padding and a few scalars (the gradient norm, the overflow flag) are well under 1 % of a step's
 # bytes on any number of ranks, and a count off by a factor of N-1 or 2 is far outside it
 SENT_TOL = 0.01
-
-
-def _total(memory: Mapping[str, float]) -> float:
-    return sum(memory[p] for p in PARTS)
 
 
 def check_zero_estimators(estimate: Mapping[int, float], paper: Mapping[int, float], psi: int, largest: int,
@@ -42,7 +37,7 @@ def check_zero_estimators(estimate: Mapping[int, float], paper: Mapping[int, flo
 def check_zero_stages(stages: Mapping[int, dict], ranks: int) -> None:
     """The four stages' runs: what each rank held against ``zero_theory``, and that each trained."""
     off = {(s, p): r["memory"][p] - r["theory"][p] for s, r in stages.items() for p in PARTS}
-    totals = [_total(r["memory"]) for r in stages.values()]
+    totals = [model_state_bytes(r["memory"]) for r in stages.values()]
     verify([
         (f"every part of every stage is the theory's bytes, within ZeRO's padding ({PAD_PER_RANK * ranks} B): "
          f"at most {max(map(abs, off.values())):,.0f} B apart", all(abs(d) <= PAD_PER_RANK * ranks for d in off.values())),
@@ -142,7 +137,7 @@ def check_fsdp_against_zero3(fsdp: dict, unsynced: dict, zero3: dict, ranks: int
     pad, psi = PAD_PER_RANK * ranks, fsdp["psi"]
     verify([
         ("syncing every micro-batch, FSDP2 holds ZeRO-3's total, 16 bytes per parameter over N",
-         abs(_total(fsdp["memory"]) - _total(zero3["memory"])) <= 3 * pad),
+         abs(model_state_bytes(fsdp["memory"]) - model_state_bytes(zero3["memory"])) <= 3 * pad),
         ("split as fp32 shards: weights 4 bytes per parameter over N, gradients 4, Adam's two moments 8",
          all(abs(fsdp["memory"][part] - per * psi / ranks) <= pad
              for part, per in (("params", 4), ("gradients", 4), ("optimizer", 8)))),

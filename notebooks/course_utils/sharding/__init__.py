@@ -26,6 +26,7 @@ from .theory import (  # noqa: F401
     PARTS,
     SHARDED,
     bytes_per_param,
+    model_state_bytes,
     zero_theory,
     comm_theory,
     deepspeed_comm,

@@ -12,6 +12,11 @@ PARTS = ("params", "gradients", "optimizer")
 SHARDED = {0: (), 1: ("optimizer",), 2: ("optimizer", "gradients"), 3: ("optimizer", "gradients", "params")}
 
 
+def model_state_bytes(parts: dict[str, float]) -> float:
+    """Weights + gradients + optimizer state: the model state ZeRO shards (``parts`` keyed by :data:`PARTS`)."""
+    return sum(parts[p] for p in PARTS)
+
+
 def bytes_per_param(precision: str, optimizer: str = "adamw", momentum: float = 0.9) -> dict[str, int]:
     """Bytes of each part of the model state per parameter, unsharded.
 
