@@ -407,3 +407,28 @@ def test_plain_fabric_must_print_plain_ddp_s_losses():
                                       (run([2.5, 2.6]), run([2.5, 2.6]), True, "the loss fell")):
         with pytest.raises(ClaimFailed, match=claim):
             check_plain_fabric(ddp, fabric, 2, exact=exact)
+
+
+def test_plain_fsdp_must_print_plain_ddp_s_losses_resume_and_shard():
+    from types import SimpleNamespace
+
+    from course_utils.checks import check_plain_fsdp
+
+    def run(losses, first_epoch=0, resumed=False, shares="[10245, 10245] of 20490"):
+        lines = ([f"resumed from runs/ck/epoch-{first_epoch}"] if resumed else []) + [
+            f"epoch {e}: loss {loss:.4f} (8 steps of 2 x 64 images on 2 ranks); held-out loss 2.0, accuracy 10.0%"
+            for e, loss in enumerate(losses, start=first_epoch)]
+        return SimpleNamespace(output="\n".join([*lines, f"done: 2 ranks, 2 per node; parameters held per rank: {shares}"]))
+
+    ddp = SimpleNamespace(output=run([2.5, 2.1, 1.9]).output)
+    check_plain_fsdp(ddp, run([2.5, 2.1]), run([1.9], 2, resumed=True), ranks=2, exact=True)
+    check_plain_fsdp(ddp, run([2.51, 2.1]), run([1.91], 2, resumed=True), ranks=2, exact=False)  # bf16: within 2%
+    for first, again, exact, claim in (
+            (run([2.5, 2.1]), run([1.9001], 2, resumed=True), True, "to the printed digit"),
+            (run([2.5, 2.1]), run([2.1], 2, resumed=True), False, "within 2%"),
+            (run([2.5, 2.1]), run([2.5, 2.1, 1.9]), True, "losses"),  # trained again from the start: six epochs
+            (run([2.5, 2.1]), run([1.9], 2), True, "resumed from its DCP checkpoint"),
+            (run([2.5, 2.1]), run([1.9], 2, resumed=True, shares="[20490, 20490] of 20490"), True, "each a part"),
+            (run([2.5, 2.1]), run([1.9], 2, resumed=True, shares="[10245, 10244] of 20490"), True, "together")):
+        with pytest.raises(ClaimFailed, match=claim):
+            check_plain_fsdp(ddp, first, again, ranks=2, exact=exact)

@@ -503,7 +503,7 @@ def test_an_existing_group_keeps_its_device(monkeypatch, config, bound, current_
 AROUND_THE_DOOR = {"init_process_group", "set_device", "device_count", "is_available", "is_bf16_supported",
                    "node_device", "place_ranks", "get_device_capability"}
 COUNTS_GPUS_TO_LAUNCH = {"benchmark_ddp.py": {"device_count"}}  # starts torchrun runs, is never a rank itself
-USERS_OWN = ("plain_ddp.py", "plain_resumable.py")  # the researcher's own: no course_utils, set_device before the group
+USERS_OWN = ("plain_ddp.py", "plain_resumable.py", "plain_fsdp.py")  # the researcher's own: no course_utils, set_device before the group
 HOROVOD_OWN = "plain_horovod.py"  # the same script in Horovod (hvd.init, then set_device); not run here
 SINGLE_OWN = "plain_single.py"  # the one-device script plain_ddp.py makes distributed (notebook 03's diff): no group
 FABRIC_OWN = "plain_fabric.py"  # plain_ddp.py in Fabric (notebook 06's diff): fabric.launch() sets the GPU and the group

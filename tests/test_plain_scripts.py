@@ -17,7 +17,7 @@ from course_utils.waiting import wait_until
 
 from references import ONE_THREAD
 
-SERIES = ("plain_parts.py", "plain_single.py", "plain_ddp.py", "plain_resumable.py")
+SERIES = ("plain_parts.py", "plain_single.py", "plain_ddp.py", "plain_resumable.py", "plain_fsdp.py")
 TINY = ["--n-train", 1024, "--workers", 0]  # 8 steps an epoch on 2 ranks of batch 64
 EPOCHS = 3
 

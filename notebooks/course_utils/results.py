@@ -43,6 +43,7 @@ def results_in_log(path: str | Path) -> list[dict[str, Any]]:
 
 # The take-home scripts (scripts/plain_*.py) print for a person, not a RESULT line: read back here, in one place.
 _PLAIN_EPOCH = re.compile(r"^epoch (\d+): loss ([0-9.]+) \((\d+) steps of", re.M)
+_PLAIN_SHARES = re.compile(r"^done: .*parameters held per rank: \[([0-9, ]+)\] of (\d+)$", re.M)
 _PLAIN_DONE = re.compile(r"^done: (\d+) ranks, (\d+) per node; weights identical on every rank: (True|False)$", re.M)
 
 
@@ -63,3 +64,12 @@ def plain_summary(output: str) -> dict[str, Any]:
         raise ValueError("the run printed no 'done: ...' line; see its output above")
     world, per_node, identical = found[-1]
     return {"world_size": int(world), "per_node": int(per_node), "identical": identical == "True"}
+
+
+def plain_shares(output: str) -> tuple[list[int], int]:
+    """plain_fsdp.py's last line: the parameters each rank held, and the model's."""
+    found = _PLAIN_SHARES.findall(output)
+    if not found:
+        raise ValueError("the run printed no 'done: ... parameters held per rank' line; see its output above")
+    shares, total = found[-1]
+    return [int(n) for n in shares.split(",")], int(total)

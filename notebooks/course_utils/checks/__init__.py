@@ -67,6 +67,7 @@ from .sharding import (
     check_dcp_resume,
     check_fsdp_against_zero3,
     check_fsdp_transformer,
+    check_plain_fsdp,
     check_stage2_switches,
     check_universal,
     check_zero_comm,

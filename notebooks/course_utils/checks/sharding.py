@@ -6,6 +6,7 @@ switches on stage 2, ZeRO's and FSDP2's checkpoints resumed (also on another num
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ..claims import verify
 from ..sharding import PARTS, deepspeed_comm, model_state_bytes
@@ -195,3 +196,23 @@ def check_activation_checkpointing(measured: Mapping[str, tuple[float, float]], 
         (f"and cost time: its step took {full_ms / none_ms:.2f} x none's (each block's forward run again)",
          full_ms > none_ms),
     ])
+
+
+def check_plain_fsdp(ddp: Any, first: Any, resumed: Any, ranks: int, exact: bool) -> None:
+    """07 section 6: plain_ddp.py, then plain_fsdp.py stopped after its first epochs and run again with the same
+    --ckpt-dir (the runs' output). ``exact``: on CPUs both compute in fp32 and a 2-rank mean is exact either way."""
+    from ..results import plain_epochs, plain_shares
+
+    by_ddp, by_fsdp = plain_epochs(ddp.output), plain_epochs(first.output) + plain_epochs(resumed.output)
+    same = by_ddp == by_fsdp if exact else len(by_ddp) == len(by_fsdp) and all(
+        abs(a - b) <= 0.02 * abs(a) for a, b in zip(by_ddp, by_fsdp))
+    shares, held = plain_shares(resumed.output)
+    verify([
+        ("plain_fsdp.py trained plain_ddp.py's epochs with " + ("its losses, to the printed digit" if exact else
+                                                                "its losses within 2% (bf16 on GPUs)"), same),
+        (f"run again with the same --ckpt-dir, it resumed from its DCP checkpoint and trained only the last "
+         f"{len(plain_epochs(resumed.output))} epoch(s)",
+         "resumed from " in resumed.output and 0 < len(plain_epochs(resumed.output)) < len(by_ddp)),
+        (f"its {ranks} ranks held {shares} parameters: together the model's {held:,}, each a part",
+         len(shares) == ranks and sum(shares) == held and (ranks == 1 or max(shares) < held)),
+    ], detail=lambda: f"plain_ddp.py {by_ddp}, plain_fsdp.py {by_fsdp}")
