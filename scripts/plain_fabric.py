@@ -55,7 +55,7 @@ val_loader = DataLoader(val_set, batch_size=256, sampler=DistributedSampler(val_
 loader, val_loader = fabric.setup_dataloaders(loader, val_loader, use_distributed_sampler=False)  # batches on device
 
 for epoch in range(args.epochs):
-    sampler.set_epoch(epoch)  # a new shuffle each epoch; without it every epoch repeats the first one's order
+    sampler.set_epoch(epoch)  # kept from plain_ddp.py: Fabric's loader sets it too, to how often it was iterated
     total, steps = torch.zeros((), device=fabric.device), 0
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(model(x), y)  # in `precision`: Fabric autocasts the forward
