@@ -4,6 +4,7 @@ unfilled cell stops with a message that says what to do, not the answer."""
 import math
 
 import pytest
+import torch
 
 from course_utils import exercises, slurm, solutions
 from course_utils.exercises import ExerciseNotDone, WrongAnswer, exercise
@@ -208,16 +209,46 @@ MEASURED_STEPS = [{"n_train": 1040, "batch_size": 32, "world_size": 2, "grad_acc
                    "global_step": 32}]
 
 
-@pytest.mark.parametrize("wrong", [
-    lambda n, b, w, a: n // w // b // a,                            # the last, short accumulation forgotten
-    lambda n, b, w, a: math.ceil(n // b / a),                       # every rank sees all the data
-    lambda n, b, w, a: math.ceil(math.ceil(math.ceil(n / w) / b) / a),  # partial batches kept
-    lambda n, b, w, a: n // w // b,                                 # accumulation ignored
-])
-def test_optimizer_steps_checker(wrong):
-    exercises.check_optimizer_steps(solutions.optimizer_steps, MEASURED_STEPS)
-    with pytest.raises(WrongAnswer):
-        exercises.check_optimizer_steps(wrong, MEASURED_STEPS)
+def _step_every_batch(fabric, model, optimizer, loader, accumulate):
+    for x, y in loader:
+        fabric.backward(torch.nn.functional.cross_entropy(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    return len(loader)
+
+
+def _accumulating(fabric, model, optimizer, loader, accumulate, last_steps=True, sync="boundary", count=None):
+    steps = 0
+    for i, (x, y) in enumerate(loader):
+        boundary = (i + 1) % accumulate == 0 or (last_steps and i + 1 == len(loader))
+        skip_sync = {"boundary": not boundary, "always": False, "inverted": boundary}[sync]
+        with fabric.no_backward_sync(model, enabled=skip_sync):
+            fabric.backward(torch.nn.functional.cross_entropy(model(x), y) / accumulate)
+        if boundary:
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+    return steps if count is None else count(len(loader), accumulate)
+
+
+def _unwritten(fabric, model, optimizer, loader, accumulate):
+    raise NotImplementedError("return the optimiser steps of one epoch")
+
+
+def test_fabric_epoch_checker_runs_the_loop_on_two_ranks_and_rejects_wrong_ones(monkeypatch):
+    """The reference passes on Lightning's layout and the others; each wrong loop is caught by what it got wrong."""
+    exercises.check_fabric_epoch(solutions.fabric_epoch, MEASURED_STEPS)
+    for wrong, said in ((_step_every_batch, "optimiser steps, not"),
+                        (lambda *a: _accumulating(*a, last_steps=False), "the last, shorter group steps too"),
+                        (lambda *a: _accumulating(*a, sync="always"), "all-reduced their gradients"),
+                        (lambda *a: _accumulating(*a, sync="inverted"), "all-reduced their gradients"),
+                        (lambda *a: _accumulating(*a, count=lambda batches, acc: batches // acc), "your function says"),
+                        (_unwritten, "raised on a rank: NotImplementedError")):
+        with pytest.raises(WrongAnswer, match=said):
+            exercises.check_fabric_epoch(wrong, MEASURED_STEPS)
+    monkeypatch.delenv("COURSE_SOLUTIONS", raising=False)  # the cell as it is handed out
+    with pytest.raises(ExerciseNotDone, match="'fabric_epoch' is yours to write"):
+        exercises.check_fabric_epoch(exercise("fabric_epoch")(_unwritten), MEASURED_STEPS)
 
 
 PSI = 3_946_506

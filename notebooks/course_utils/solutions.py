@@ -54,9 +54,19 @@ def repaired_sbatch(attempt: str) -> str:
     return repaired.replace("\nsrun ", f"\n{exports}\nsrun ", 1)
 
 
-def optimizer_steps(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
-    batches = n_train // world_size // batch_size  # each rank's slice, whole batches only (drop_last)
-    return math.ceil(batches / grad_accum)  # the last accumulation steps even when it is short
+def fabric_epoch(fabric, model, optimizer, loader, accumulate: int) -> int:
+    import torch
+
+    steps = 0
+    for i, (x, y) in enumerate(loader):
+        last = (i + 1) % accumulate == 0 or i + 1 == len(loader)  # the last group may be shorter: it steps too
+        with fabric.no_backward_sync(model, enabled=not last):  # no all-reduce until a step uses the gradients
+            fabric.backward(torch.nn.functional.cross_entropy(model(x), y) / accumulate)
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+    return steps
 
 
 def ds_config_for(psi: int, ranks: int, gpu_bytes: float, precision: str) -> dict | None:

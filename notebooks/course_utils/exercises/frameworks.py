@@ -1,47 +1,109 @@
-"""Notebooks 06-08: Lightning's optimiser steps, a DeepSpeed configuration for a memory budget, trials at once,
+"""Notebooks 06-08: gradient accumulation in a Fabric loop, a DeepSpeed configuration for a memory budget, trials at once,
 a search space with notebook 03's scaling rule."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import first_line
-from .core import WrongAnswer, passed
+from .core import ExerciseNotDone, WrongAnswer, passed
 
 
 # --------------------------------------------------------------------------- #
-# 06: the optimiser steps Lightning takes in an epoch
+# 06: gradient accumulation in a Fabric loop, run on two ranks forked from the kernel
 # --------------------------------------------------------------------------- #
-STEP_CASES = ((1000, 32, 3, 4), (4096, 16, 4, 3), (2000, 48, 2, 5), (50_000, 128, 8, 1))
+FABRIC_CASES = ((1000, 32, 4), (600, 16, 5), (256, 16, 1))  # (images, batch per rank, accumulate): not run in §2
 
 
-def _steps_per_epoch(n_train: int, batch_size: int, world_size: int, grad_accum: int) -> int:
-    batches = (n_train // world_size) // batch_size  # the sampler's slice per rank, then whole batches only
-    return -(-batches // grad_accum)  # Lightning also steps on the last, partial accumulation
+def fabric_accounts(epoch: Callable[..., int], layouts: Sequence[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """``epoch(fabric, model, optimizer, loader, accumulate)`` run once per layout (images, batch per rank,
+    accumulate) on 2 CPU ranks forked from this process, by Fabric: rank 0's account of each run (the steps it
+    returned, the optimiser steps taken, the gradient all-reduces, the batches, whether the ranks' weights agree)."""
+    import lightning as L
+    import torch
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ..launch import environment_kept
+    from ..lit import quiet_lightning
+
+    def run(fabric: L.Fabric) -> list[dict[str, Any]]:
+        torch.set_num_threads(1)  # forked from a process that computed with several threads: one each
+        accounts = []
+        for n, batch, accumulate in layouts:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+            g = torch.Generator().manual_seed(1)
+            data = TensorDataset(torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g))
+            model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            loader = fabric.setup_dataloaders(DataLoader(data, batch_size=batch, shuffle=True, drop_last=True))
+            taken, syncs = [], []
+            optimizer.optimizer.register_step_post_hook(lambda *_: taken.append(1))
+
+            def counted(state, bucket):  # DDP's own all-reduce of a gradient bucket, counted
+                syncs.append(1)
+                return allreduce_hook(state, bucket)
+
+            model._forward_module.register_comm_hook(None, counted)
+            returned = epoch(fabric, model, optimizer, loader, accumulate)
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            every = [torch.empty_like(flat) for _ in range(2)]
+            torch.distributed.all_gather(every, flat)
+            accounts.append({"layout": (n, batch, accumulate), "returned": returned, "taken": len(taken),
+                             "syncs": len(syncs), "batches": len(loader), "agree": bool(torch.equal(every[0], every[1]))})
+        return accounts
+
+    quiet_lightning()
+    fabric = L.Fabric(accelerator="cpu", devices=2, strategy="ddp_notebook", plugins=[LightningEnvironment()])
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process ..." when a rank fails
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
+    with environment_kept():  # Fabric sets MASTER_PORT in this process; later launches must not inherit it
+        try:
+            return fabric.launch(run)
+        except Exception as exc:  # a rank's error comes back wrapped, its traceback in the text
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            last = lines[-1] if lines else first_line(exc)
+            if "ExerciseNotDone: " in last:  # the cell still holds its NotImplementedError
+                raise ExerciseNotDone(last.split("ExerciseNotDone: ", 1)[1]) from None
+            raise WrongAnswer(f"your function raised on a rank: {last}") from None
+        finally:
+            spawn_log.setLevel(level)
 
 
-def check_optimizer_steps(steps: Callable[[int, int, int, int], int], measured: Sequence[Mapping[str, int]]) -> None:
-    """``steps(n_train, batch_size, world_size, grad_accum)``: optimiser steps in one epoch, against
-    the ``global_step`` of the runs measured (rows of those four, ``epochs`` and ``global_step``),
-    then against layouts not run here."""
-    for row in measured:
-        got = steps(row["n_train"], row["batch_size"], row["world_size"], row["grad_accum"]) * row["epochs"]
-        if got != row["global_step"]:
-            raise WrongAnswer(f"{row['n_train']} images, batch {row['batch_size']} per rank, {row['world_size']} "
-                              f"rank(s), grad-accum {row['grad_accum']}, {row['epochs']} epoch(s): you say {got} "
-                              f"optimiser steps, Lightning took {row['global_step']}")
-    for case in STEP_CASES:
-        got, want = steps(*case), _steps_per_epoch(*case)
-        if got != want:
-            raise WrongAnswer("right for the runs here, but for {} images, batch {}, {} ranks, grad-accum {}: {} "
-                              "steps, not {}. Each rank gets n/world images (the remainder dropped), keeps whole "
-                              "batches only (drop_last), and the last, partial accumulation still steps"
-                              .format(*case, want, got))
-    counts = ", ".join(f"{r['global_step']} ({r['n_train']} images, {r['world_size']} ranks, grad-accum "
-                       f"{r['grad_accum']}, {r['epochs']} epoch(s))" for r in {tuple(sorted(r.items())): r for r in measured}.values())
-    passed("one epoch: whole batches of each rank's slice, one step per grad-accum of them, the last one included. "
-           f"Lightning counted {counts}")
+def check_fabric_epoch(epoch: Callable[..., int], measured: Sequence[Mapping[str, int]]) -> None:
+    """``epoch(fabric, model, optimizer, loader, accumulate)``: one epoch with gradient accumulation, returning
+    its optimiser steps. Run on 2 forked ranks on the layouts Lightning ran on 2 ranks (``measured``: rows of
+    ``n_train``, ``batch_size``, ``world_size``, ``grad_accum``, ``epochs`` and the ``global_step`` Lightning
+    counted), then on others."""
+    two = [r for r in measured if r["world_size"] == 2]  # the check's ranks: 2
+    lightning = {(r["n_train"], r["batch_size"], r["grad_accum"]): r["global_step"] // r["epochs"] for r in two}
+    accounts = fabric_accounts(epoch, [*lightning, *FABRIC_CASES])
+    for a in accounts:
+        (n, batch, accumulate), want = a["layout"], -(-a["batches"] // a["layout"][2])
+        if lightning.get(a["layout"], want) != want:  # the check's own loaders would not be Lightning's
+            raise RuntimeError(f"{a['layout']}: Lightning took {lightning[a['layout']]} steps an epoch, the check's "
+                               f"loaders make {want}; the check needs mending, not your answer")
+        where = f"{n} images, batches of {batch} on 2 ranks ({a['batches']} a rank), accumulate {accumulate}"
+        if a["taken"] != want:
+            raise WrongAnswer(f"{where}: your loop took {a['taken']} optimiser steps, not {want}"
+                              + (f" (Lightning took {lightning[a['layout']]})" if a["layout"] in lightning else "")
+                              + ": one step per group of accumulate batches, and the last, shorter group steps too")
+        if a["returned"] != a["taken"]:
+            raise WrongAnswer(f"{where}: your function says {a['returned']} steps; the optimiser took {a['taken']}")
+        if a["syncs"] != a["taken"]:
+            raise WrongAnswer(f"{where}: the ranks all-reduced their gradients {a['syncs']} times for {a['taken']} "
+                              "steps: only the backward pass right before a step needs them whole "
+                              "(fabric.no_backward_sync for the others)")
+        if not a["agree"]:
+            raise WrongAnswer(f"{where}: the two ranks ended with different weights: each step must use gradients "
+                              "that every rank all-reduced")
+    passed("one all-reduce and one step per group of accumulate batches, the last, shorter group included: "
+           + ", ".join(f"{a['taken']} steps on {a['batches']} batches a rank" for a in accounts))
 
 
 # (parameters, ranks, GPU bytes, precision) -> the smallest ZeRO stage whose model states fit: FT3's A100-40GB,
