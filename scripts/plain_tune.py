@@ -81,7 +81,9 @@ else:
     tuner = tune.Tuner(trainable, param_space=space,
                        tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=args.num_samples,
                                                    scheduler=ASHAScheduler(max_t=args.epochs, grace_period=1)),
-                       run_config=tune.RunConfig(name="search", storage_path=storage))
+                       # a trial that fails (a lost node) starts again from its last checkpoint, twice at most
+                       run_config=tune.RunConfig(name="search", storage_path=storage,
+                                                 failure_config=tune.FailureConfig(max_failures=2)))
 results = tuner.fit()
 best = results.get_best_result()
 trained = sum(r.metrics.get("epoch", 0) for r in results)
