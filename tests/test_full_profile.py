@@ -1062,7 +1062,8 @@ def test_11_memory(full):
 def test_12_long_sequences_and_experts(full):
     """The decoder on the plan's ranks: its sequence split zig-zag over all of them (and over 2 beside FSDP2 on 4),
     8 sequences a step dealt evenly, 4 experts spread over the ranks, the unsplit run within the card and each run
-    within its 300 s; the text for the router within what the standard library holds."""
+    within its 300 s; the longer sequences of sections 2 and 3 split as the runs split them, each rank's share within
+    the card and the run within its 300 s; the text for the router within what the standard library holds."""
     from course_utils.llama import LM_SIZES, build_llama, flops_per_token
     from course_utils.parallel import ParallelDims
 
@@ -1078,7 +1079,21 @@ def test_12_long_sequences_and_experts(full):
         assert dims.problems(n if dims.world_size == n else 4, moe, batch, 1, seq) == [], dims
         assert batch * dims.dp == 8
     assert full.pick("12", "TEXT_BYTES") <= 4_000_000  # load_tokens' default cap: the stdlib holds more
+    # section 2's split measured at 8 x the sequence (4 sequences, all ranks); section 3's activations at 1, 2 and 4 x
+    # it, one step of 8 sequences, on 1 rank and on each CP degree (a run of that many ranks)
+    long_runs = [(n, 4, 8 * seq, 2)] + [(cp, 8, k * seq, 1) for cp in ([1, 2, 4] if n >= 4 else [1, 2]) for k in (1, 2, 4)]
+    for cp, batch, length, _ in long_runs:
+        assert ParallelDims(cp=cp).problems(cp, moe, batch, 1, length) == [], (cp, length)
     if plan.device == "cuda":
         assert n <= t.gpus_per_node and fits(t, lm_train_memory(size, 8, seq))
         flops = flops_per_token(LM_SIZES[size], seq) * 8 * seq * steps
         assert 300 >= TIMEOUT_MARGIN * (STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY))
+        heads = LM_SIZES[size].heads
+        for cp, batch, length, run_steps in long_runs:
+            assert cp <= t.gpus_per_node, f"a CP {cp} run needs {cp} GPUs"
+            # each rank's share of the tokens, the whole weights and AdamW state, and the ring's one chunk pair at a
+            # time (fp32 scores, probabilities, and in backward their gradients: 4 of them); SDPA on one rank holds none
+            ring = 0 if cp == 1 else 4 * 4 * batch * heads * (length // (2 * cp)) ** 2
+            assert fits(t, lm_train_memory(size, batch, length // cp) + ring), (cp, length)
+            flops = flops_per_token(LM_SIZES[size], length) * batch * length * run_steps / cp
+            assert 300 >= TIMEOUT_MARGIN * (STARTUP_S + flops / (t.tflops_fp32 * 1e12 * STEP_EFFICIENCY)), (cp, length)
