@@ -389,12 +389,35 @@ def test_no_drop_capacity_checker_routes_the_tokens_again_and_rejects_a_factor_t
         exercises.check_no_drop_capacity(wrong, moe, tokens)
 
 
-# notebook 10's DLIO runs on the 2-core CI machine (CPU AMD EPYC, 2 cores, under load): one worker's 16.64 ms per
-# batch of 64 JPEGs, a hand-over of 4.16 ms, compute times 0.8, 1.6 and 3.2 times shorter than the worker's time;
-# the utilisation measured by number of workers
-MEASURED_PLANS = [{"worker_ms": 16.64, "compute_ms": c, "cores": 2, "au": au, "handover_ms": 4.16}
-                  for c, au in ((20.80, {0: 0.53, 1: 0.83, 2: 0.77}), (10.40, {0: 0.38, 1: 0.47, 2: 0.65}),
-                                (5.20, {0: 0.24, 1: 0.33, 2: 0.38}))]
+class _SlowImages(torch.utils.data.Dataset):
+    """Items that take ``item_s`` each to prepare: a worker's time per batch that a loaded machine does not move."""
+
+    def __init__(self, n: int, item_s: float):
+        self.n, self.item_s = n, item_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(self.item_s)
+        return torch.zeros(3)
+
+
+# a rank of 2 cores whose one worker prepares a batch of 4 in 8 ms (sleeps), beside 10 ms of compute: one worker
+MEASURED_RANK = [{"worker_ms": 8.0, "compute_ms": 10.0, "cores": 2, "handover_ms": 0.5}]
+
+
+def _reference(w, c, cores, h):
+    k = max(1, min(math.ceil(w / (c + h)), cores - 1))
+    return k, c / max(c + h, w / k)
+
+
+def _as_loader(plan):  # a plan (workers, utilisation) as the loader the exercise returns
+    return lambda data, batch, w, c, cores, h: (
+        torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, num_workers=plan(w, c, cores, h)[0]),
+        plan(w, c, cores, h)[1])
 
 
 def _old_rule(w, c, cores, h):  # the rule of section 2 without the hand-over
@@ -403,28 +426,34 @@ def _old_rule(w, c, cores, h):  # the rule of section 2 without the hand-over
 
 
 @pytest.mark.parametrize("wrong", [
-    lambda w, c, cores, h: (max(1, math.ceil(w / (c + h))), 1.0),                 # the cores forgotten
-    lambda w, c, cores, h: (max(1, min(math.ceil(w / (c + h)), cores)),           # no core for the training process
-                            c / max(c + h, w / max(1, min(math.ceil(w / (c + h)), cores)))),
-    lambda w, c, cores, h: (solutions.plan_workers(w, c, cores, h)[0], 1.0),      # the cap's cost forgotten
-    lambda w, c, cores, h: (solutions.plan_workers(w, c, cores, h)[0], c / w),    # as if one worker
-    _old_rule,                                                                    # the hand-over forgotten
-    lambda w, c, cores, h: (solutions.plan_workers(w, c, cores, h)[0],            # the hand-over in the compute
-                            min(1.0, solutions.plan_workers(w, c, cores, h)[0] * (c + h) / w)),
-    lambda w, c, cores, h: (max(1, min(math.floor(w / (c + h)), cores - 1)),      # rounded down
-                            c / max(c + h, w / max(1, min(math.floor(w / (c + h)), cores - 1)))),
+    _as_loader(lambda w, c, cores, h: (max(1, math.ceil(w / (c + h))), 1.0)),         # the cores forgotten
+    _as_loader(lambda w, c, cores, h: (max(1, min(math.ceil(w / (c + h)), cores)),   # no core for the training process
+                                       c / max(c + h, w / max(1, min(math.ceil(w / (c + h)), cores))))),
+    _as_loader(lambda w, c, cores, h: (_reference(w, c, cores, h)[0], 1.0)),         # the cap's cost forgotten
+    _as_loader(lambda w, c, cores, h: (_reference(w, c, cores, h)[0], c / w)),       # as if one worker
+    _as_loader(_old_rule),                                                           # the hand-over forgotten
+    _as_loader(lambda w, c, cores, h: (_reference(w, c, cores, h)[0],                # the hand-over in the compute
+                                       min(1.0, _reference(w, c, cores, h)[0] * (c + h) / w))),
+    _as_loader(lambda w, c, cores, h: (max(1, min(math.floor(w / (c + h)), cores - 1)),  # rounded down
+                                       c / max(c + h, w / max(1, min(math.floor(w / (c + h)), cores - 1))))),
+    lambda data, batch, w, c, cores, h: (torch.utils.data.DataLoader(                  # not shuffled
+        data, batch_size=batch, num_workers=_reference(w, c, cores, h)[0]), _reference(w, c, cores, h)[1]),
+    lambda data, batch, w, c, cores, h: (torch.utils.data.DataLoader(                  # the batch size not followed
+        data, batch_size=32, shuffle=True, num_workers=_reference(w, c, cores, h)[0]), _reference(w, c, cores, h)[1]),
+    lambda data, batch, w, c, cores, h: _reference(w, c, cores, h),                    # no loader at all
 ])
-def test_plan_workers_checker(wrong):
-    exercises.check_plan_workers(solutions.plan_workers, MEASURED_PLANS)
+def test_rank_loader_checker(wrong):
+    data = _SlowImages(100, 0.002)
+    exercises.check_rank_loader(solutions.rank_loader, data, 4, MEASURED_RANK)
     with pytest.raises(WrongAnswer):
-        exercises.check_plan_workers(wrong, MEASURED_PLANS)
+        exercises.check_rank_loader(wrong, data, 4, MEASURED_RANK)
 
 
-def test_plan_workers_checker_rejects_the_model_where_this_run_measured_otherwise():
-    """The check is also the lesson's: a measured utilisation far from the model's fails the reference too."""
-    busy = [{**MEASURED_PLANS[1], "au": {1: 0.05}}]  # one worker measured far below its model's 0.63
+def test_rank_loader_checker_rejects_the_model_where_the_loader_measured_otherwise():
+    """The check is also the lesson's: a loader slower than the row says fails the reference too."""
+    slow = _SlowImages(100, 0.025)  # 100 ms a batch, where the row says 8
     with pytest.raises(WrongAnswer, match="your model is the course's"):
-        exercises.check_plan_workers(solutions.plan_workers, busy)
+        exercises.check_rank_loader(solutions.rank_loader, slow, 4, MEASURED_RANK)
 
 
 def test_tp_plan_checker_runs_each_plan_on_the_ranks_and_rejects_what_is_not_megatron_s_split():

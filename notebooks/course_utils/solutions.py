@@ -116,14 +116,18 @@ def swiglu_plan() -> dict:
     return {"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
 
 
-def plan_workers(worker_ms: float, compute_ms: float, cores: int, handover_ms: float) -> tuple[int, float]:
+def rank_loader(dataset, batch_size: int, worker_ms: float, compute_ms: float, cores: int,
+                handover_ms: float) -> tuple:
+    from torch.utils.data import DataLoader
+
     # the training process takes a batch at best every compute_ms + handover_ms; k workers deliver k batches every
     # worker_ms, so ceil(worker_ms / (compute_ms + handover_ms)) keep up, but the rank has cores - 1 for workers
     # (one runs the training process), and at least one
     step = compute_ms + handover_ms
     workers = max(1, min(math.ceil(worker_ms / step), cores - 1))
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=workers)
     # the device computes compute_ms out of every max(step, worker_ms / workers)
-    return workers, compute_ms / max(step, worker_ms / workers)
+    return loader, compute_ms / max(step, worker_ms / workers)
 
 
 def behind(records: dict) -> tuple[int, int, str]:

@@ -44,5 +44,5 @@ from .frameworks import (
 )
 from .parallelism import (BUBBLE_CASES, check_interleaved_bubble, check_no_drop_capacity, check_tp_plan, run_tp_plans,
                           tp_plan_verdict)
-from .data import AU_SLACK, PLAN_CASES, check_plan_workers
+from .data import AU_SLACK, PLAN_CASES, check_rank_loader
 from .debugging import BEHIND_CASES, check_behind, made_records

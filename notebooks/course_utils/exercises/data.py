@@ -1,10 +1,13 @@
-"""Notebook 10: DataLoader workers when a rank's cores run out."""
+"""Notebook 10: a DataLoader for a rank whose cores run out."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import torch
 
 from .core import WrongAnswer, passed
 
@@ -29,43 +32,57 @@ def _plan(worker_ms: float, compute_ms: float, cores: int, handover_ms: float) -
     return workers, compute_ms / max(step, worker_ms / workers)
 
 
-def check_plan_workers(plan: Callable[[float, float, int, float], tuple[int, float]],
-                       measured: Sequence[Mapping[str, Any]]) -> None:
-    """``plan(worker_ms, compute_ms, cores, handover_ms)`` -> (DataLoader workers to ask for on a rank with
-    ``cores`` cores, the accelerator utilisation they give in steady state), when one worker prepares a batch in
-    ``worker_ms``, a step computes for ``compute_ms`` and taking a ready batch costs ``handover_ms``. Judged first
-    against this run: each row of ``measured`` holds ``worker_ms``, ``compute_ms``, ``cores`` (this machine's),
-    ``handover_ms`` and ``au``, the utilisation the DLIO method measured by number of workers; then exactly,
-    against ranks not measured here."""
+def check_rank_loader(make: Callable[..., tuple[Any, float]], dataset: Any, batch_size: int,
+                      measured: Sequence[Mapping[str, Any]], steps: int = 20) -> None:
+    """``make(dataset, batch_size, worker_ms, compute_ms, cores, handover_ms)`` -> (a shuffling DataLoader of
+    ``dataset`` in batches of ``batch_size`` with the workers a rank of ``cores`` cores should ask for, the
+    accelerator utilisation it gives in steady state), when one worker prepares a batch in ``worker_ms``, a step
+    computes for ``compute_ms`` and taking a ready batch costs ``handover_ms``. Judged first on this machine: for each
+    row of ``measured`` (``worker_ms``, ``compute_ms``, ``cores``, ``handover_ms``), the loader is run by the DLIO
+    method and its utilisation measured; then, exactly and without running them, on ranks not measured here."""
+    from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+    from ..data.formats import emulate_training
+
+    def built(data: Any, batch: int, w: float, c: float, cores: int, h: float) -> tuple[Any, float, str]:
+        with warnings.catch_warnings():  # a rank of another node may have more cores than this machine
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            loader, au = make(data, batch, w, c, cores, h)
+        where = f"{w:.2f} ms per batch per worker, {c:.2f} ms of compute, a {h:.2f} ms hand-over, {cores} cores"
+        if not isinstance(loader, DataLoader):
+            raise WrongAnswer(f"{where}: return (a torch.utils.data.DataLoader, a utilisation), not {type(loader).__name__}")
+        if loader.dataset is not data or loader.batch_size != batch:
+            raise WrongAnswer(f"{where}: the loader must read the data set it was given, in batches of {batch}")
+        if not isinstance(loader.sampler, RandomSampler):
+            raise WrongAnswer(f"{where}: a training loader shuffles (shuffle=True): this one reads in order")
+        want = _plan(w, c, cores, h)[0]
+        if loader.num_workers != want:
+            raise WrongAnswer(f"{where}: your loader has {loader.num_workers} workers, it takes {want}. "
+                              + _workers_hint(loader.num_workers, want, w, c + h, cores))
+        return loader, au, where
+
     for row in measured:
         w, c, cores, h = row["worker_ms"], row["compute_ms"], int(row["cores"]), row["handover_ms"]
-        workers, au = plan(w, c, cores, h)
-        want_workers, want_au = _plan(w, c, cores, h)
-        if workers != want_workers:
-            raise WrongAnswer(f"{w:.2f} ms per batch per worker, {c:.2f} ms of compute, a {h:.2f} ms hand-over, {cores} "
-                              f"cores: you ask for {workers} workers, it takes {want_workers}. "
-                              + _workers_hint(workers, want_workers, w, c + h, cores))
-        seen = row["au"].get(workers)
-        if seen is not None and not (math.isfinite(au) and abs(au - seen) <= AU_SLACK):
-            if abs(au - want_au) <= 1e-6:
-                raise WrongAnswer(f"your model is the course's, but with {workers} workers and {c:.2f} ms of compute "
-                                  f"this run measured a utilisation of {seen:.2f}, not {au:.2f}: something else used "
-                                  "the cores during section 2 (look at the machine's load), or the model misses a "
-                                  "cost here; run section 2 again")
-            raise WrongAnswer(f"{workers} workers of {w:.2f} ms a batch, {c:.2f} ms of compute and a {h:.2f} ms "
-                              f"hand-over: you predict a utilisation of {au:.2f}, this run measured {seen:.2f}. How "
+        loader, au, where = built(dataset, batch_size, w, c, cores, h)
+        seen = emulate_training(loader, c / 1000, steps=steps)["au"]  # your loader, run as section 2 ran its own
+        if not (math.isfinite(au) and abs(au - seen) <= AU_SLACK):  # a burst of other work stalls a short run: again
+            seen = emulate_training(loader, c / 1000, steps=steps)["au"]
+        if not (math.isfinite(au) and abs(au - seen) <= AU_SLACK):
+            if abs(au - _plan(w, c, cores, h)[1]) <= 1e-6:
+                raise WrongAnswer(f"your model is the course's, but your loader with {loader.num_workers} workers and "
+                                  f"{c:.2f} ms of compute measured a utilisation of {seen:.2f} here, not {au:.2f}: "
+                                  "something else used the cores (look at the machine's load), or the model misses "
+                                  "a cost here; run section 2 again")
+            raise WrongAnswer(f"{where}: you predict a utilisation of {au:.2f}, your loader measured {seen:.2f}. How "
                               "often can the training process take a batch, and how often do the workers deliver one?")
-    for (w, c, cores, h), (want_workers, want_au) in PLAN_CASES.items():
-        workers, au = plan(w, c, cores, h)
-        where = f"right for this machine, but a rank of {cores} cores, {w:g} ms per batch per worker, {c:g} ms of " \
-                f"compute and a {h:g} ms hand-over"
-        if workers != want_workers:
-            raise WrongAnswer(f"{where}: you ask for {workers} workers, it takes {want_workers}. "
-                              + _workers_hint(workers, want_workers, w, c + h, cores))
+    small = TensorDataset(torch.zeros(64, 1))
+    for (w, c, cores, h), (_, want_au) in PLAN_CASES.items():
+        loader, au, where = built(small, 8, w, c, cores, h)
         if not (math.isfinite(au) and abs(au - want_au) <= 1e-6):
-            raise WrongAnswer(f"{where}, {workers} workers: you predict a utilisation of {au:.3f}, it is {want_au:.3f} "
-                              f"({workers} workers deliver a batch every {w / workers:g} ms; the training process "
-                              f"takes one every {c + h:g} ms at best, and computes in {c:g} of them)")
+            raise WrongAnswer(f"right for this machine, but {where}, {loader.num_workers} workers: you predict a "
+                              f"utilisation of {au:.3f}, it is {want_au:.3f} ({loader.num_workers} workers deliver a "
+                              f"batch every {w / loader.num_workers:g} ms; the training process takes one every "
+                              f"{c + h:g} ms at best, and computes in {c:g} of them)")
     passed("ceil(worker_ms / (compute_ms + handover_ms)) workers where the cores allow, else one per core but the "
            "training process's; the device computes compute_ms out of every max(compute_ms + handover_ms, "
            "worker_ms / workers)")
